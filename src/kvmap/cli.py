@@ -1,0 +1,75 @@
+"""``kvmap`` command line: generate | eval | bench | report | recommend | serve | loadgen | plan.
+
+Each subcommand parses its arguments, validates them (a bad value exits with code 2 and
+a message naming it) and calls the library; no logic lives here.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Full-scenario KV-cache evaluation and optimization for LLM inference.")
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The prompt text."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
+    model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
+                                                    "default: embedded SmolLM2-135M."),
+    dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
+    kv: str = typer.Option("bf16", help="KV spec, e.g. 'int8(granularity=token)'"),
+    kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
+    max_tokens: int = typer.Option(64, help="Maximum new tokens"),
+    temperature: float = typer.Option(0.0),
+    top_p: float = typer.Option(1.0),
+    top_k: int = typer.Option(0),
+    seed: Optional[int] = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Generate a completion with the engine."""
+    from kvmap import LLM, SamplingParams
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, seed=seed)
+        llm = LLM(model=model, dtype=dtype, kv=kv, kv_memory=kv_memory)
+        out = (llm.chat([{"role": "user", "content": prompt}], params) if chat
+               else llm.generate([prompt], params))[0]
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps({"text": out.text, "token_ids": out.token_ids,
+                               "prompt_token_ids": out.prompt_token_ids,
+                               "finish_reason": out.finish_reason,
+                               "metrics": out.metrics.to_dict(),
+                               "kv_usage": llm.kv_usage()}))
+    else:
+        typer.echo(out.text)
+        m = out.metrics
+        n = m.num_output_tokens
+        tail = ""
+        if n > 1:
+            tail = f", {(n - 1) / (m.token_times_s[-1] - m.token_times_s[0]):.1f} tokens/s decode"
+        typer.echo(f"[{m.num_prompt_tokens} prompt + {n} output tokens, "
+                   f"TTFT {m.ttft_s * 1000:.0f} ms{tail}, finish: {out.finish_reason}]",
+                   err=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

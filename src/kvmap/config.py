@@ -1,0 +1,145 @@
+"""Frozen configuration dataclasses, validated on construction.
+
+Every caller error raises ``ValueError`` naming the bad field and value.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+
+
+def parse_size(value: str | int | float, what: str = "size") -> int:
+    """Parse ``"256MiB"``, ``"2GB"``, ``"1.5g"`` or a plain byte count into bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}={value!r} is not a byte size")
+    if isinstance(value, (int, float)):
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"{what}={value!r} must be a non-negative byte count")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"{what}={value!r} is not a byte size (examples: 256MiB, 2GB, 1048576)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Human form with binary units: 23040 -> '22.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num_bytes) < 1024 or unit == "TiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder (Llama, Mistral, Qwen2 style)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False          # Qwen2 has a bias on q/k/v projections
+    sliding_window: int | None = None      # Mistral-style local attention, in tokens
+    rope_scaling: dict | None = None       # Llama-3.1 style {"rope_type": "llama3", ...}
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name}={value!r} must be a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        mlp = 3 * h * self.intermediate_size
+        per_layer = attn + mlp + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV pool sizing: a byte budget or an explicit block count."""
+
+    block_size: int = 16
+    kv_memory_bytes: int | None = 256 * 2**20
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size={self.block_size!r} must be an integer in [1, 1024]")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
+                                            or self.num_blocks <= 0):
+            raise ValueError(f"num_blocks={self.num_blocks!r} must be a positive integer")
+        if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
+            raise ValueError(f"kv_memory={self.kv_memory_bytes!r} bytes must be positive")
+        if self.num_blocks is None and self.kv_memory_bytes is None:
+            raise ValueError("give either kv_memory or num_blocks")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits per engine step."""
+
+    max_num_seqs: int = 64                 # running sequences at once
+    max_num_batched_tokens: int = 512      # token budget of one step (prefill chunks + decodes)
+    chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs!r} must be positive")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens!r} must be positive")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2"
+    dtype: str = "bf16"
+    device: str = "cpu"
+    kv: str = "bf16"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
+          "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}

@@ -1,0 +1,183 @@
+"""The engine loop: schedule -> run -> sample -> stop checks -> free.
+
+``Engine.step()`` does one iteration of continuous batching and returns the requests
+that produced a token or finished in it. It owns the model, the paged KV cache, the
+scheduler and the tokenizer; ``kvmap.engine.llm.LLM`` is the friendly front.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvmap.config import DTYPES, EngineConfig
+from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
+from kvmap.kv.config import KVConfig
+from kvmap.kv.prefix import prefix_salt
+from kvmap.kv.spec import KVGeometry
+from kvmap.engine.runner import ModelRunner
+from kvmap.engine.sampler import sample
+from kvmap.engine.scheduler import Scheduler
+from kvmap.model.llama import LlamaModel
+from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
+
+
+@dataclass
+class StepStats:
+    num_tokens: int
+    num_decode: int
+    num_prefill_tokens: int
+    num_preempted: int
+    duration_s: float
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded, kv_config: KVConfig | None = None):
+        """``loaded`` is a ``kvmap.model.loader.LoadedModel`` (config, weights, tokenizer)."""
+        self.config = config
+        self.kv_config = kv_config or KVConfig.parse(config.kv)
+        self.dtype = getattr(torch, DTYPES[config.dtype])
+        self.device = torch.device(config.device)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_id = loaded.model_id
+        self.model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device)
+        loaded.weights = None     # the model holds the fused copies now
+        cc = config.cache
+        self.geom = KVGeometry.of(loaded.config, cc.block_size)
+        codec = self.kv_config.codec
+        codec.validate_geometry(self.geom)
+        num_blocks = cc.num_blocks or num_blocks_for_budget(
+            codec, self.geom, cc.kv_memory_bytes, self.dtype)
+        self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
+        use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
+        salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
+        self.scheduler = Scheduler(config.scheduler, self.kv, salt)
+        self.runner = ModelRunner(self.model, self.kv)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self.eos_token_ids = set(loaded.config.eos_token_ids)
+        if self.tokenizer is not None:
+            self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
+        self.step_stats: list[StepStats] = []
+        self.num_generated_tokens = 0
+
+    # ---- requests ------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None, prompt: str | None = None,
+                    arrival_s: float | None = None) -> Request:
+        """Validate and queue a request. Raises ValueError before any work starts."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params={params!r} is not a SamplingParams")
+        if not prompt_token_ids:
+            raise ValueError(f"prompt {prompt!r} is empty (0 tokens)")
+        max_pos = self.model_config.max_position_embeddings
+        if len(prompt_token_ids) >= max_pos:
+            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's "
+                             f"context is {max_pos} tokens")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        need_blocks = -(-len(prompt_token_ids) // self.kv.block_size)
+        if need_blocks > self.kv.pool.num_blocks:
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "
+                f"the pool has {self.kv.pool.num_blocks} (raise kv_memory)")
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        req = Request(request_id, prompt_token_ids, params,
+                      arrival_s if arrival_s is not None else time.perf_counter(), prompt)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            return False
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop ------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One iteration. Returns requests that got a token or finished in this step."""
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        touched: list[Request] = []
+        for req in batch.unfittable:
+            self._finish(req, RequestStatus.FINISHED_LENGTH)
+            touched.append(req)
+        if not batch.items:
+            return touched
+        now = time.perf_counter()
+        for req, _ in batch.items:
+            if req.metrics.first_scheduled_s is None:
+                req.metrics.first_scheduled_s = now
+        out = self.runner.run(batch.items)
+        for req, n in batch.items:
+            req.num_computed_tokens += n
+            req.num_kv_slots += n
+            self.scheduler.register_full_blocks(req)
+        token_ids = sample(out.logits, out.sampled, self.config.seed) if out.sampled else []
+        now = time.perf_counter()
+        for req, token in zip(out.sampled, token_ids):
+            req.token_ids.append(token)
+            req.metrics.token_times_s.append(now)
+            self.num_generated_tokens += 1
+            self._check_stop(req, token)
+            touched.append(req)
+        num_decode = out.meta.num_decode
+        self.step_stats.append(StepStats(batch.num_tokens, num_decode,
+                                         batch.num_tokens - num_decode, batch.num_preempted,
+                                         now - t0))
+        return touched
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        p = req.params
+        num_out = req.num_tokens - req.num_prompt_tokens
+        if not p.ignore_eos and token in self.eos_token_ids:
+            req.token_ids.pop()      # the EOS token is not part of the output
+            req.metrics.token_times_s.pop()
+            return self._finish(req, RequestStatus.FINISHED_STOPPED)
+        if token in p.stop_token_ids:
+            return self._finish(req, RequestStatus.FINISHED_STOPPED)
+        if p.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_token_ids)
+            hits = [text.find(s) for s in p.stop if s in text]
+            if hits:
+                req.output_text = text[:min(hits)]
+                return self._finish(req, RequestStatus.FINISHED_STOPPED, keep_text=True)
+        if num_out >= p.max_tokens or req.num_tokens >= self.model_config.max_position_embeddings:
+            return self._finish(req, RequestStatus.FINISHED_LENGTH)
+
+    def _finish(self, req: Request, status: RequestStatus, keep_text: bool = False) -> None:
+        self.scheduler.remove(req)
+        req.status = status
+        req.finish_reason = status.value
+        req.metrics.finished_s = time.perf_counter()
+        if not keep_text and self.tokenizer is not None:
+            req.output_text = self.tokenizer.decode(req.output_token_ids)
+
+    def pop_finished(self, request_id: str) -> RequestOutput:
+        return self.requests.pop(request_id).to_output()
+
+    # ---- reporting -------------------------------------------------------------------
+    def kv_usage(self) -> dict:
+        usage = self.kv.usage().to_dict()
+        usage["num_running"] = len(self.scheduler.running)
+        usage["num_waiting"] = len(self.scheduler.waiting)
+        usage["num_preemptions"] = self.scheduler.num_preemptions
+        usage["prefix_cache_queries"] = self.kv.pool.num_prefix_queries
+        usage["prefix_cache_hits"] = self.kv.pool.num_prefix_hits
+        return usage
+
+    def check_integrity(self) -> None:
+        live = [r.block_ids for r in self.requests.values() if r.block_ids]
+        self.kv.pool.check_integrity(live)

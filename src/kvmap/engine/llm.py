@@ -1,0 +1,100 @@
+"""``LLM``: the user-facing API over the engine.
+
+    from kvmap import LLM, SamplingParams
+    llm = LLM()                                   # embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["prompt", ...], SamplingParams(max_tokens=64))
+    outs[0].text, outs[0].token_ids, outs[0].metrics
+    llm.chat([{"role": "user", "content": "..."}], SamplingParams(...))
+    llm.kv_usage()
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.config import DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_size
+from kvmap.engine.engine import Engine
+from kvmap.kv.config import KVConfig
+from kvmap.request import RequestOutput, SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, dtype: str = "bf16", kv: str = "bf16",
+                 kv_memory: str | int | None = "256MiB", block_size: int = 16,
+                 num_blocks: int | None = None, device: str | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 enable_prefix_caching: bool = True, num_threads: int | None = None,
+                 seed: int = 0):
+        from kvmap.model.loader import load_model   # heavy imports only when used
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+        kv_config = KVConfig.parse(kv)            # bad specs fail before loading weights
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        cache = CacheConfig(block_size=block_size,
+                            kv_memory_bytes=None if num_blocks else parse_size(kv_memory,
+                                                                               "kv_memory"),
+                            num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching)
+        config = EngineConfig(model=model or "smollm2", dtype=dtype, device=device, kv=kv,
+                              cache=cache,
+                              scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens),
+                              num_threads=num_threads, seed=seed)
+        loaded = load_model(model, getattr(torch, DTYPES[dtype]), device)
+        self.engine = Engine(config, loaded, kv_config)
+        self.tokenizer = self.engine.tokenizer
+        self.config = config
+
+    @property
+    def model_config(self):
+        return self.engine.model_config
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer; pass token id lists")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt {prompt!r} is neither a string nor a list of token ids")
+        return list(prompt)
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run all prompts to completion with continuous batching; outputs in input order.
+        All prompts are validated before any is queued."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        param_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"{len(param_list)} SamplingParams for {len(prompts)} prompts")
+        encoded = [self.encode(p) for p in prompts]
+        reqs = []
+        try:
+            for p, ids, sp in zip(prompts, encoded, param_list):
+                reqs.append(self.engine.add_request(ids, sp, prompt=p if isinstance(p, str)
+                                                    else None))
+        except ValueError:
+            for r in reqs:
+                self.engine.abort(r.request_id)
+                self.engine.pop_finished(r.request_id)
+            raise
+        while self.engine.has_unfinished():
+            self.engine.step()
+        return [self.engine.pop_finished(r.request_id) for r in reqs]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             params: SamplingParams | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}) or a list of them."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer/chat template")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True)
+                   for c in convs]
+        return self.generate(prompts, params)
+
+    def kv_usage(self) -> dict:
+        return self.engine.kv_usage()

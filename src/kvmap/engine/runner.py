@@ -1,0 +1,83 @@
+"""Turns a scheduled batch into model inputs, runs the model, returns logits.
+
+For each scheduled (request, n) it lays out n tokens on the flat token axis, with
+
+    positions  = num_computed_tokens ... num_computed_tokens + n - 1
+    KV slots   = slot(num_kv_slots) ... slot(num_kv_slots + n - 1)
+    slot(i)    = block_ids[i // block_size] * block_size + i % block_size
+
+Positions and KV slot indices differ once a selection policy has evicted tokens: the
+rotary position of a new token still counts every token of the sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvmap.kv.cache import PagedKVCache
+from kvmap.model.attention import AttentionMetadata, PrefillSegment
+from kvmap.model.llama import LlamaModel
+from kvmap.request import Request
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor            # (N, V) fp32 for the requests in ``sampled``
+    sampled: list[Request]          # requests that get a new token this step
+    meta: AttentionMetadata
+
+
+def slot_ids_of(block_ids: list[int], start: int, count: int, block_size: int) -> list[int]:
+    return [block_ids[i // block_size] * block_size + i % block_size
+            for i in range(start, start + count)]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: PagedKVCache):
+        self.model = model
+        self.kv = kv
+        self.device = model.device
+
+    def build(self, items: list[tuple[Request, int]], want_scores: bool = False):
+        """Flat inputs for the batch. Decodes must come first in ``items``."""
+        bs = self.kv.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_ids: list[int] = []
+        decode_tables, decode_lens, prefills = [], [], []
+        sample_rows: list[int] = []
+        sampled: list[Request] = []
+        for req, n in items:
+            start = len(input_ids)
+            c = req.num_computed_tokens
+            input_ids += req.token_ids[c:c + n]
+            positions += range(c, c + n)
+            slot_ids += slot_ids_of(req.block_ids, req.num_kv_slots, n, bs)
+            num_kv_after = req.num_kv_slots + n
+            if n == 1 and not prefills and c == req.num_tokens - 1:
+                decode_tables.append(req.block_ids[: -(-num_kv_after // bs)])
+                decode_lens.append(num_kv_after)
+            else:
+                nb = -(-num_kv_after // bs)
+                prefills.append(PrefillSegment(
+                    start, start + n,
+                    torch.tensor(req.block_ids[:nb], dtype=torch.long, device=self.device),
+                    num_kv_after))
+            if c + n == req.num_tokens:          # the chunk reaches the end: sample
+                sample_rows.append(start + n - 1)
+                sampled.append(req)
+        dev = self.device
+        meta = AttentionMetadata.build(
+            torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
+            prefills, bs, dev)
+        meta.want_scores = want_scores
+        return (torch.tensor(input_ids, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev), meta,
+                torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)
+
+    def run(self, items: list[tuple[Request, int]], want_scores: bool = False) -> StepOutput:
+        input_ids, positions, meta, sample_rows, sampled = self.build(items, want_scores)
+        hidden = self.model(input_ids, positions, meta, self.kv)
+        logits = self.model.logits(hidden[sample_rows]) if sampled else hidden.new_empty(0)
+        return StepOutput(logits, sampled, meta)

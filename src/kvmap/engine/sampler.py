@@ -1,0 +1,46 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+Greedy rows (temperature 0) take the argmax; the others are sampled one row at a time
+with the request's own ``torch.Generator`` so that a seeded request gives the same
+tokens whatever else is in the batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.request import Request, SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits (V,) fp32 -> temperature-scaled logits with top-k / top-p mass removed."""
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p (keeps >= 1 token)
+        drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop),
+                                    float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, requests: list[Request], engine_seed: int = 0) -> list[int]:
+    """logits (N, V) fp32, one row per request -> N token ids."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out = []
+    for row, req in enumerate(requests):
+        params = req.params
+        if params.greedy:
+            out.append(greedy[row])
+            continue
+        if req.generator is None:
+            req.generator = torch.Generator(device=logits.device)
+            seed = params.seed if params.seed is not None else \
+                hash((engine_seed, req.request_id)) & 0x7FFFFFFF
+            req.generator.manual_seed(seed)
+        probs = torch.softmax(filter_logits(logits[row], params), dim=-1)
+        out.append(int(torch.multinomial(probs, 1, generator=req.generator)))
+    return out

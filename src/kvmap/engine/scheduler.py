@@ -1,0 +1,178 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption.
+
+Each step has a token budget (``max_num_batched_tokens``). Running sequences are served
+first, in arrival order: a decoding sequence needs one token, a sequence still in
+prefill takes the next chunk of its prompt. Then waiting sequences are admitted while
+budget, sequence slots and blocks last. A newly admitted sequence first takes the
+longest cached prefix of its full blocks from the pool's prefix index.
+
+When the pool has no block for a running sequence, the most recently admitted running
+sequence is preempted by recomputation: its blocks are freed (full blocks keep their
+hashes, so the recompute usually hits the prefix cache) and it goes back to the front
+of the waiting queue with nothing computed. The engine never runs out of memory.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvmap.config import SchedulerConfig
+from kvmap.kv.cache import PagedKVCache
+from kvmap.kv.prefix import block_hashes
+from kvmap.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    # (request, number of new tokens to compute this step), decodes first
+    items: list[tuple[Request, int]] = field(default_factory=list)
+    num_preempted: int = 0
+    # requests that can never fit the pool, to be finished by the engine
+    unfittable: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None):
+        self.config = config
+        self.kv = kv
+        self.pool = kv.pool
+        self.block_size = kv.block_size
+        self.prefix_salt = prefix_salt          # None disables prefix caching
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queues -----------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Request) -> None:
+        """Drop a request from the queues and free its blocks (finish or abort)."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._free_blocks(req)
+
+    def _free_blocks(self, req: Request) -> None:
+        if req.block_ids:
+            self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_kv_slots = 0
+        req.num_hashed_blocks = 0
+
+    # ---- step --------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req not in self.running:      # preempted earlier in this loop
+                continue
+            num_new = self._num_new_tokens(req, budget)
+            if num_new == 0:
+                continue
+            while not self._allocate_slots(req, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.num_preempted += 1
+                if victim is req:
+                    break
+            else:
+                batch.items.append((req, num_new))
+                budget -= num_new
+        if batch.num_preempted == 0:
+            self._admit_waiting(batch, budget)
+        # a lone request that cannot grow even with the whole pool is unfittable
+        if not batch.items and not self.running and self.waiting and self.pool.num_free == \
+                self.pool.num_blocks:
+            batch.unfittable.append(self.waiting.popleft())
+        batch.items.sort(key=lambda item: item[0].is_prefilling)   # decodes first
+        return batch
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        remaining = req.num_tokens - req.num_computed_tokens
+        if remaining > budget and not self.config.chunked_prefill:
+            return 0
+        return min(remaining, budget)
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_computed_tokens == 0 and not req.block_ids:
+                self._take_cached_prefix(req)
+            num_new = self._num_new_tokens(req, budget)
+            if num_new == 0 or not self._allocate_slots(req, num_new):
+                self._release_cached_prefix(req)
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            batch.items.append((req, num_new))
+            budget -= num_new
+
+    # ---- prefix cache ------------------------------------------------------------
+    def _take_cached_prefix(self, req: Request) -> None:
+        if self.prefix_salt is None:
+            return
+        # never take the last token from the cache: it must be computed to get logits
+        hashes = block_hashes(req.token_ids[:req.num_tokens - 1], self.block_size,
+                              self.prefix_salt)
+        req.block_hashes = hashes
+        found = self.pool.lookup(hashes)
+        if found:
+            req.block_ids = found
+            req.num_computed_tokens = req.num_kv_slots = len(found) * self.block_size
+            req.num_hashed_blocks = len(found)
+            req.metrics.num_cached_prompt_tokens = req.num_computed_tokens
+
+    def _release_cached_prefix(self, req: Request) -> None:
+        if req.block_ids and req.num_computed_tokens == req.num_hashed_blocks * self.block_size:
+            self._free_blocks(req)
+            req.num_computed_tokens = 0
+            req.metrics.num_cached_prompt_tokens = 0
+
+    def register_full_blocks(self, req: Request) -> None:
+        """After a step: name the newly completed full blocks by their content hash."""
+        if self.prefix_salt is None or req.evicted:
+            return
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= req.num_hashed_blocks:
+            return
+        if len(req.block_hashes) < num_full:
+            parent = req.block_hashes[-1] if req.block_hashes else None
+            req.block_hashes += block_hashes(req.token_ids[:num_full * self.block_size],
+                                             self.block_size, self.prefix_salt,
+                                             start_block=len(req.block_hashes), parent=parent)
+        for j in range(req.num_hashed_blocks, num_full):
+            self.pool.register_hash(req.block_ids[j], req.block_hashes[j])
+        req.num_hashed_blocks = num_full
+
+    # ---- memory --------------------------------------------------------------------
+    def _allocate_slots(self, req: Request, num_new: int) -> bool:
+        need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.block_ids += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free_blocks(req)
+        req.num_computed_tokens = 0
+        req.evicted = False
+        req.block_hashes = []
+        req.status = RequestStatus.PREEMPTED
+        req.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)

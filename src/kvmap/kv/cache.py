@@ -1,0 +1,78 @@
+"""The paged KV cache: one codec, one LayerStore per layer, one shared BlockPool.
+
+All layers share block ids: block b of layer l lives in ``layers[l].blocks[...][b]``, so
+a sequence has a single block table. The pool is sized from a byte budget using the
+codec's exact bytes per block (all layers), or from an explicit block count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvmap.kv.codecs import Codec, LayerStore
+from kvmap.kv.pool import BlockPool
+from kvmap.kv.spec import KVGeometry
+
+
+@dataclass
+class KVUsage:
+    resident_bytes: int          # bytes of blocks in use, all layers, scales included
+    capacity_bytes: int          # bytes of the whole pool
+    num_blocks_used: int
+    num_blocks_total: int
+    bytes_per_block: int
+    tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
+
+    def to_dict(self) -> dict:
+        return {
+            "resident_bytes": self.resident_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "num_blocks_used": self.num_blocks_used,
+            "num_blocks_total": self.num_blocks_total,
+            "bytes_per_block": self.bytes_per_block,
+            "usage": self.num_blocks_used / self.num_blocks_total,
+            "tiers": dict(self.tiers),
+        }
+
+
+def num_blocks_for_budget(codec: Codec, geom: KVGeometry, kv_memory_bytes: int,
+                          compute_dtype: torch.dtype) -> int:
+    """How many blocks fit a byte budget; raises if fewer than one block does."""
+    per_block = codec.block_bytes(geom, compute_dtype)
+    n = kv_memory_bytes // per_block
+    if n < 1:
+        raise ValueError(
+            f"kv_memory={kv_memory_bytes} bytes is too small for one block of "
+            f"{geom.block_size} tokens across {geom.num_layers} layers "
+            f"({per_block} bytes with codec {codec!r})")
+    return int(n)
+
+
+class PagedKVCache:
+    def __init__(self, codec: Codec, geom: KVGeometry, num_blocks: int,
+                 device: torch.device | str, compute_dtype: torch.dtype):
+        codec.validate_geometry(geom)
+        self.codec = codec
+        self.geom = geom
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        self.pool = BlockPool(num_blocks, geom.block_size)
+        self.layers: list[LayerStore] = [
+            codec.allocate(num_blocks, geom, self.device, compute_dtype)
+            for _ in range(geom.num_layers)]
+        self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
+
+    @property
+    def block_size(self) -> int:
+        return self.geom.block_size
+
+    def usage(self) -> KVUsage:
+        return KVUsage(
+            resident_bytes=self.pool.num_used * self.bytes_per_block,
+            capacity_bytes=self.pool.num_blocks * self.bytes_per_block,
+            num_blocks_used=self.pool.num_used,
+            num_blocks_total=self.pool.num_blocks,
+            bytes_per_block=self.bytes_per_block,
+            tiers={},
+        )

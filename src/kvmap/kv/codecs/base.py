@@ -1,0 +1,105 @@
+"""The codec interface: how K and V of one layer are stored in paged blocks.
+
+Storage of one layer is a :class:`LayerStore`: a dict of tensors whose first dimension
+indexes blocks (data, scales, zero points ...), plus free-form codec state (an EMA
+scale, for instance). Everything generic -- copying blocks, serializing a block for a
+lower tier, counting resident bytes -- works on that dict without knowing the codec.
+
+Token addressing (see ``kvmap.kv.pool``): slot = block_id * block_size + offset.
+
+    k_cache["k"]: (num_blocks, block_size, num_kv_heads, head_dim)
+                   ^ block_id   ^ offset
+
+A codec subclass overrides ``allocate``, ``write`` and ``read``; the base class does
+the plumbing (options, byte accounting).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from kvmap.kv.spec import KVGeometry, block_bytes_of
+
+
+@dataclass
+class LayerStore:
+    """One layer's KV storage. ``blocks[name]`` has shape (num_blocks, ...)."""
+
+    blocks: dict[str, torch.Tensor]
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        return next(iter(self.blocks.values())).shape[0]
+
+    def copy_blocks(self, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
+        """Copy whole blocks (all tensors) from src to dst, in place."""
+        for t in self.blocks.values():
+            t[dst_block_ids] = t[src_block_ids]
+
+    def block_bytes(self) -> int:
+        return block_bytes_of(self.blocks)
+
+    def block_to_bytes(self, block_id: int) -> list[tuple[str, torch.Tensor]]:
+        """The tensors of one block, by name (views, no copy)."""
+        return [(name, t[block_id]) for name, t in self.blocks.items()]
+
+
+class Codec:
+    """Base codec. ``name`` is the spec-string name; ``options`` its validated options.
+
+    Contract:
+    - ``allocate(num_blocks, geom, device, compute_dtype)`` returns a zeroed LayerStore.
+    - ``write(store, slot_ids, k, v)`` encodes k, v of shape (T, num_kv_heads, head_dim)
+      into the given slots (LongTensor (T,)). Mutates ``store`` only.
+    - ``read(store, block_ids)`` returns (k, v), each (N, block_size, num_kv_heads,
+      head_dim) in ``compute_dtype`` for the N blocks asked for -- never the whole cache.
+    """
+
+    name: ClassVar[str] = ""
+    # Options a subclass accepts, with defaults; the base class rejects any other key.
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ValueError(
+                f"codec {self.name!r} has no option {unknown[0]!r}; "
+                f"its options are {sorted(self.defaults) or 'none'}")
+        self.options = {**self.defaults, **options}
+        self.validate()
+
+    def validate(self) -> None:
+        """Check ``self.options``; raise ValueError naming the bad option."""
+
+    def validate_geometry(self, geom: KVGeometry) -> None:
+        """Check that the options fit this model's geometry (e.g. group size | head_dim)."""
+
+    # ---- storage -----------------------------------------------------------------
+    def allocate(self, num_blocks: int, geom: KVGeometry, device: torch.device | str,
+                 compute_dtype: torch.dtype) -> LayerStore:
+        raise NotImplementedError
+
+    def write(self, store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def read(self, store: LayerStore, block_ids: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    # ---- accounting ----------------------------------------------------------------
+    def block_bytes(self, geom: KVGeometry, compute_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Exact bytes of one block across all layers, from a one-block meta allocation."""
+        store = self.allocate(1, geom, "meta", compute_dtype)
+        return store.block_bytes() * geom.num_layers
+
+    def bytes_per_token(self, geom: KVGeometry,
+                        compute_dtype: torch.dtype = torch.bfloat16) -> float:
+        return self.block_bytes(geom, compute_dtype) / geom.block_size
+
+    def __repr__(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items() if v != self.defaults[k])
+        return f"{self.name}({opts})" if opts else self.name

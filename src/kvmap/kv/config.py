@@ -1,0 +1,59 @@
+"""A KV configuration is one value: codec + selection policy + tier layout.
+
+``KVConfig.parse("snapkv(budget=0.25)+int8(granularity=token)+tiers(host=512MiB)")``
+looks each part up in the codec, policy and tier registries. Each registry's classes
+take the part's options as keyword arguments and validate them, raising ValueError
+naming the bad option. At most one part of each kind; the codec defaults to ``bf16``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvmap.kv import grammar
+from kvmap.kv.codecs import CODECS, Codec
+from kvmap.kv.policies import POLICIES
+from kvmap.kv.tiers import TIER_PARTS
+
+_KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS}
+
+
+def valid_names() -> list[str]:
+    return sorted(name for registry in _KINDS.values() for name in registry)
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    spec: str
+    codec: Codec
+    policy: Any = None      # a kvmap.kv.policies policy, or None for the full cache
+    tiers: Any = None       # a kvmap.kv.tiers layout part, or None
+
+    @classmethod
+    def parse(cls, text: str | "KVConfig") -> "KVConfig":
+        if isinstance(text, KVConfig):
+            return text
+        parts = grammar.parse(text)
+        found: dict[str, Any] = {}
+        for part in parts:
+            kind = next((k for k, reg in _KINDS.items() if part.name in reg), None)
+            if kind is None:
+                raise ValueError(
+                    f"unknown KV spec part {part.name!r} in {text!r}; valid names: "
+                    f"{', '.join(valid_names())}")
+            if kind in found:
+                raise ValueError(
+                    f"KV spec {text!r} has two {kind} parts: {found[kind].name!r} and "
+                    f"{part.name!r}; give at most one")
+            try:
+                found[kind] = _KINDS[kind][part.name](**part.args)
+            except TypeError as e:   # a class with a plain signature got a bad keyword
+                raise ValueError(f"bad options in KV spec part {str(part)!r}: {e}") from None
+        codec = found.get("codec") or CODECS["bf16"]()
+        policy = found.get("policy")
+        if policy is not None and getattr(policy, "name", None) == "full":
+            policy = None
+        return cls(spec=text.strip(), codec=codec, policy=policy, tiers=found.get("tiers"))
+
+    def __str__(self) -> str:
+        return self.spec

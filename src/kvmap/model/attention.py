@@ -1,0 +1,127 @@
+"""Paged attention over codec-encoded KV blocks, for a batch that mixes decodes and
+prefill chunks.
+
+Batch layout (token axis of every activation, T tokens in all):
+
+    [ d_0 d_1 ... d_{B-1} | chunk of seq a (C_a tokens) | chunk of seq b | ... ]
+      one decode token        prefill chunks, each attending to its own cached
+      per sequence            context plus itself (causal)
+
+Per layer: the new K/V are written through the codec into their slots, then each
+query reads back only its own sequence's blocks (``codec.read``), so attention always
+sees exactly what the cache holds (quantized or not), and no step dequantizes more than
+the blocks of the sequences in the batch.
+
+Masks are built once per step (``AttentionMetadata``) and shared by all layers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvmap.kv.codecs import Codec, LayerStore
+
+NEG_INF = float("-inf")
+QUERY_TILE = 256   # prefill queries per tile; tiles skip keys that the causal mask hides
+
+
+@dataclass
+class PrefillSegment:
+    start: int                 # first token of the chunk in the batch
+    end: int                   # one past its last token
+    block_ids: torch.Tensor    # (nb,) the sequence's blocks covering all num_kv_slots
+    num_kv_slots: int          # KV slots after this chunk is written (context + chunk)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_ids: torch.Tensor                   # (T,) where each new token's K/V is written
+    num_decode: int = 0
+    decode_block_ids: torch.Tensor | None = None   # (B, nb) padded block tables
+    decode_mask: torch.Tensor | None = None        # (B, 1, 1, nb*bs) additive, 0 or -inf
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    # Filled by attention when a selection policy asks for scores (see kv/policies):
+    want_scores: bool = False
+    scores: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
+              decode_kv_lens: list[int], prefills: list[PrefillSegment], block_size: int,
+              device) -> "AttentionMetadata":
+        meta = cls(slot_ids=slot_ids, num_decode=len(decode_tables), prefills=prefills)
+        if decode_tables:
+            nb = max(len(t) for t in decode_tables)
+            padded = [t + [t[0]] * (nb - len(t)) for t in decode_tables]  # pad: masked out
+            meta.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device)
+            lens = torch.tensor(decode_kv_lens, device=device)
+            key_idx = torch.arange(nb * block_size, device=device)
+            visible = key_idx[None, :] < lens[:, None]                     # (B, L)
+            mask = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+            meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[:, None, None, :]
+        return meta
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: LayerStore,
+                    codec: Codec, meta: AttentionMetadata, num_kv_heads: int,
+                    layer_idx: int = 0) -> torch.Tensor:
+    """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
+    Mutates ``store`` (writes k, v at ``meta.slot_ids``)."""
+    T, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    codec.write(store, meta.slot_ids, k, v)
+    q = q * head_dim ** -0.5
+    out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    B = meta.num_decode
+    if B:
+        kc, vc = codec.read(store, meta.decode_block_ids.reshape(-1))   # (B*nb, bs, H, D)
+        kc = kc.view(B, -1, num_kv_heads, head_dim)                      # (B, L, H, D)
+        vc = vc.view(B, -1, num_kv_heads, head_dim)
+        qd = q[:B].view(B, num_kv_heads, group, head_dim)                 # (B, H, G, D)
+        scores = torch.matmul(qd, kc.permute(0, 2, 3, 1)).float()        # (B, H, G, L)
+        scores += meta.decode_mask
+        probs = torch.softmax(scores, dim=-1)
+        if meta.want_scores:
+            meta.scores.setdefault(layer_idx, {})["decode"] = probs
+        o = torch.matmul(probs.to(vc.dtype), vc.permute(0, 2, 1, 3))     # (B, H, G, D)
+        out[:B] = o.reshape(B, num_heads * head_dim)
+    for seg in meta.prefills:
+        kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
+        L = seg.num_kv_slots
+        kc = kc.reshape(-1, num_kv_heads, head_dim)[:L].permute(1, 2, 0)  # (H, D, L)
+        vc = vc.reshape(-1, num_kv_heads, head_dim)[:L].transpose(0, 1)   # (H, L, D)
+        C = seg.end - seg.start
+        qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        o = _causal_chunk(qs, kc, vc, L - C)                              # (H, G, C, D)
+        if meta.want_scores:
+            meta.scores.setdefault(layer_idx, {}).setdefault("prefill", []).append(
+                (seg, qs, kc))
+        out[seg.start:seg.end] = o.permute(2, 0, 1, 3).reshape(C, num_heads * head_dim)
+    return out
+
+
+def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                  num_past: int) -> torch.Tensor:
+    """Causal attention of C queries that follow ``num_past`` cached keys.
+
+    qs (H, G, C, D) pre-scaled; kc (H, D, L); vc (H, L, D); L = num_past + C.
+    Query i (absolute index num_past + i) sees keys 0 .. num_past + i. Queries are
+    tiled so that a tile [i0, i1) multiplies only keys [0, num_past + i1):
+
+        keys ->   |<----- num_past ----->|<-- chunk -->|
+        tile 0    ######################  #\
+        tile 1    ######################  ####\
+    """
+    H, G, C, D = qs.shape
+    out = torch.empty_like(qs)
+    for i0 in range(0, C, QUERY_TILE):
+        i1 = min(C, i0 + QUERY_TILE)
+        n_keys = num_past + i1
+        scores = torch.matmul(qs[:, :, i0:i1], kc[:, None, :, :n_keys]).float()  # (H,G,c,n)
+        # mask keys beyond each query's own position (only within the last i1-i0 keys)
+        q_pos = torch.arange(num_past + i0, num_past + i1, device=qs.device)
+        k_pos = torch.arange(n_keys, device=qs.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], NEG_INF)
+        probs = torch.softmax(scores, dim=-1).to(vc.dtype)
+        out[:, :, i0:i1] = torch.matmul(probs, vc[:, None, :n_keys])
+    return out

@@ -1,0 +1,152 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache.
+
+Weights come in Hugging Face names (see ``kvmap.model.loader``); at construction the
+q/k/v projections are fused into one matrix and gate/up into another, so a layer runs
+four matrix products:
+
+    x ─ RMSNorm ─ [q|k|v] = x Wqkv ─ RoPE(q, k) ─ paged attention ─ Wo ─ + ─┐
+    │                                                                        │
+    └────────────────────────────────────────────────────────────────────── h
+    h ─ RMSNorm ─ [g|u] = h Wgu ─ silu(g) * u ─ Wdown ─ + ── next layer
+
+Activations are flat over the batch: (T, hidden) for T tokens of all sequences, so
+prefill chunks and decode tokens share every matrix product.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kvmap.config import ModelConfig
+from kvmap.kv.cache import PagedKVCache
+from kvmap.model.attention import AttentionMetadata, paged_attention
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies (D/2,) with optional Llama-3.1 style scaling."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = config.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        factor = rs["factor"]
+        low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old_ctx = rs.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq,
+                               scaled)
+    return inv_freq.float()
+
+
+class Rotary:
+    """cos/sin tables (max_pos, D) in fp32, HF's non-interleaved ("rotate_half") layout."""
+
+    def __init__(self, config: ModelConfig, device):
+        inv_freq = rope_inv_freq(config).to(device)
+        pos = torch.arange(config.max_position_embeddings, device=device, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (T, H, D); positions: (T,) absolute token positions."""
+        cos = self.cos[positions].to(x.dtype)[:, None, :]   # (T, 1, D)
+        sin = self.sin[positions].to(x.dtype)[:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class LlamaModel(torch.nn.Module):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
+        missing = [n for n in self._required_names() if n not in w]
+        if missing:
+            raise ValueError(f"weights are missing {len(missing)} tensors, e.g. {missing[:3]}")
+        self.embed = w["model.embed_tokens.weight"]                       # (V, h)
+        self.lm_head = w.get("lm_head.weight", self.embed) \
+            if not config.tie_word_embeddings else self.embed            # (V, h)
+        self.norm = w["model.norm.weight"]
+        self.layers = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            layer = {
+                "in_norm": w[p + "input_layernorm.weight"],
+                "post_norm": w[p + "post_attention_layernorm.weight"],
+                "wqkv": torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
+                                   w[a + "v_proj.weight"]], dim=0),       # (Hq+2Hkv)*D, h
+                "wo": w[a + "o_proj.weight"],
+                "wgu": torch.cat([w[p + "mlp.gate_proj.weight"],
+                                  w[p + "mlp.up_proj.weight"]], dim=0),  # (2F, h)
+                "wdown": w[p + "mlp.down_proj.weight"],
+                "bqkv": None,
+            }
+            if config.attention_bias:
+                layer["bqkv"] = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
+                                           w[a + "v_proj.bias"]])
+            self.layers.append(layer)
+            for name in list(w):   # drop our references to the unfused copies early
+                if name.startswith(p):
+                    del w[name]
+        self.rotary = Rotary(config, self.device)
+
+    def _required_names(self) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not self.config.tie_word_embeddings:
+            names.append("lm_head.weight")
+        for i in range(self.config.num_layers):
+            p = f"model.layers.{i}."
+            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
+            names += [p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+        return names
+
+    @property
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            tensors += [t for t in layer.values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+        """input_ids, positions: (T,). Writes the new tokens' K/V into ``kv`` and returns
+        the final normed hidden states (T, hidden)."""
+        cfg = self.config
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        T = input_ids.shape[0]
+        x = self.embed[input_ids]                                         # (T, h)
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer["in_norm"])
+            qkv = F.linear(h, layer["wqkv"], layer["bqkv"])              # (T, (hq+2hkv)d)
+            q = qkv[:, : hq * d].view(T, hq, d)
+            k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+            v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+            q = self.rotary.apply(q, positions)
+            k = self.rotary.apply(k, positions)
+            attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i)
+            x = x + F.linear(attn, layer["wo"])
+            h = self._rms_norm(x, layer["post_norm"])
+            gu = F.linear(h, layer["wgu"])                                # (T, 2F)
+            g, u = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, layer["wdown"])
+        return self._rms_norm(x, self.norm)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (N, h) -> logits (N, V) in fp32."""
+        return F.linear(hidden, self.lm_head).float()
