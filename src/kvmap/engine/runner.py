@@ -70,7 +70,7 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata.build(
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
-            prefills, bs, dev)
+            prefills, bs, dev, self.model.dtype)
         meta.want_scores = want_scores
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,

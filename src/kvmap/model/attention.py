@@ -48,7 +48,7 @@ class AttentionMetadata:
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
               decode_kv_lens: list[int], prefills: list[PrefillSegment], block_size: int,
-              device) -> "AttentionMetadata":
+              device, dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
         meta = cls(slot_ids=slot_ids, num_decode=len(decode_tables), prefills=prefills)
         if decode_tables:
             nb = max(len(t) for t in decode_tables)
@@ -58,7 +58,7 @@ class AttentionMetadata:
             key_idx = torch.arange(nb * block_size, device=device)
             visible = key_idx[None, :] < lens[:, None]                     # (B, L)
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=device)
-            meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[:, None, None, :]
+            meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[:, None, None, :].to(dtype)
         return meta
 
 
@@ -78,12 +78,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         kc = kc.view(B, -1, num_kv_heads, head_dim)                      # (B, L, H, D)
         vc = vc.view(B, -1, num_kv_heads, head_dim)
         qd = q[:B].view(B, num_kv_heads, group, head_dim)                 # (B, H, G, D)
-        scores = torch.matmul(qd, kc.permute(0, 2, 3, 1)).float()        # (B, H, G, L)
+        scores = torch.matmul(qd, kc.permute(0, 2, 3, 1))                # (B, H, G, L)
         scores += meta.decode_mask
         probs = torch.softmax(scores, dim=-1)
         if meta.want_scores:
             meta.scores.setdefault(layer_idx, {})["decode"] = probs
-        o = torch.matmul(probs.to(vc.dtype), vc.permute(0, 2, 1, 3))     # (B, H, G, D)
+        o = torch.matmul(probs, vc.permute(0, 2, 1, 3))                  # (B, H, G, D)
         out[:B] = o.reshape(B, num_heads * head_dim)
     for seg in meta.prefills:
         kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
@@ -106,22 +106,26 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
 
     qs (H, G, C, D) pre-scaled; kc (H, D, L); vc (H, L, D); L = num_past + C.
     Query i (absolute index num_past + i) sees keys 0 .. num_past + i. Queries are
-    tiled so that a tile [i0, i1) multiplies only keys [0, num_past + i1):
+    tiled so that a tile [i0, i1) multiplies only keys [0, num_past + i1), and only the
+    tile's diagonal square needs a mask:
 
         keys ->   |<----- num_past ----->|<-- chunk -->|
         tile 0    ######################  #\
         tile 1    ######################  ####\
+
+    Scores stay in the compute dtype; softmax accumulates in fp32 internally (as HF's
+    eager attention does: bf16 scores, fp32 softmax, bf16 probabilities).
     """
     H, G, C, D = qs.shape
     out = torch.empty_like(qs)
-    for i0 in range(0, C, QUERY_TILE):
-        i1 = min(C, i0 + QUERY_TILE)
-        n_keys = num_past + i1
-        scores = torch.matmul(qs[:, :, i0:i1], kc[:, None, :, :n_keys]).float()  # (H,G,c,n)
-        # mask keys beyond each query's own position (only within the last i1-i0 keys)
-        q_pos = torch.arange(num_past + i0, num_past + i1, device=qs.device)
-        k_pos = torch.arange(n_keys, device=qs.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], NEG_INF)
-        probs = torch.softmax(scores, dim=-1).to(vc.dtype)
-        out[:, :, i0:i1] = torch.matmul(probs, vc[:, None, :n_keys])
+    tile = min(QUERY_TILE, C)
+    diag = torch.full((tile, tile), NEG_INF, device=qs.device).triu_(1).to(qs.dtype)
+    for i0 in range(0, C, tile):
+        i1 = min(C, i0 + tile)
+        c, n_keys = i1 - i0, num_past + i1
+        qt = qs[:, :, i0:i1].reshape(H, G * c, D)
+        scores = torch.bmm(qt, kc[:, :, :n_keys]).view(H, G, c, n_keys)
+        scores[..., num_past + i0:n_keys] += diag[:c, :c]
+        probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys)
+        out[:, :, i0:i1] = torch.bmm(probs, vc[:, :n_keys]).view(H, G, c, D)
     return out

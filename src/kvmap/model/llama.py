@@ -43,22 +43,28 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class Rotary:
-    """cos/sin tables (max_pos, D) in fp32, HF's non-interleaved ("rotate_half") layout."""
+    """cos/sin tables (max_pos, D) in fp32, HF's non-interleaved ("rotate_half") layout.
+
+    rotate_half(x) = [-x2, x1] = roll(x, D/2) * [-1 .. -1, 1 .. 1], so with the sign
+    folded into the sine table, RoPE(x) = x * cos + roll(x, D/2) * sin_signed.
+    """
 
     def __init__(self, config: ModelConfig, device):
         inv_freq = rope_inv_freq(config).to(device)
         pos = torch.arange(config.max_position_embeddings, device=device, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        freqs = torch.outer(pos, inv_freq)                                  # (P, D/2)
+        self.cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)            # (P, D)
+        self.sin_signed = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
+        self.half = config.head_dim // 2
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (T, H, D); positions: (T,) absolute token positions."""
-        cos = self.cos[positions].to(x.dtype)[:, None, :]   # (T, 1, D)
-        sin = self.sin[positions].to(x.dtype)[:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """(T, 1, D) cos and signed sin for these positions, once per forward."""
+        return (self.cos[positions].to(dtype)[:, None, :],
+                self.sin_signed[positions].to(dtype)[:, None, :])
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: (T, H, D) -> RoPE(x), same shape."""
+        return x * cos + torch.roll(x, self.half, dims=-1) * sin
 
 
 class LlamaModel(torch.nn.Module):
@@ -130,14 +136,13 @@ class LlamaModel(torch.nn.Module):
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         T = input_ids.shape[0]
         x = self.embed[input_ids]                                         # (T, h)
+        cos, sin = self.rotary.tables(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer["in_norm"])
             qkv = F.linear(h, layer["wqkv"], layer["bqkv"])              # (T, (hq+2hkv)d)
-            q = qkv[:, : hq * d].view(T, hq, d)
-            k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+            qk = self.rotary.apply(qkv[:, :(hq + hkv) * d].view(T, hq + hkv, d), cos, sin)
+            q, k = qk[:, :hq], qk[:, hq:]                                # (T, hq|hkv, d)
             v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
-            q = self.rotary.apply(q, positions)
-            k = self.rotary.apply(k, positions)
             attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i)
             x = x + F.linear(attn, layer["wo"])
             h = self._rms_norm(x, layer["post_norm"])
