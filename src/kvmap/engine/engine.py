@@ -139,6 +139,30 @@ class Engine:
                                          now - t0))
         return touched
 
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Teacher-forced logits (T, V) fp32 for every position of ``token_ids``, computed
+        through the configured KV cache in chunks of the step budget (each chunk's
+        attention reads its context back from the cache, quantized or not). The engine
+        must be idle; the request is freed afterwards."""
+        if self.has_unfinished():
+            raise RuntimeError("score() needs an idle engine")
+        req = self.add_request(token_ids, SamplingParams(max_tokens=1, ignore_eos=True))
+        chunks = []
+        try:
+            while req.num_computed_tokens < req.num_tokens:
+                batch = self.scheduler.schedule()
+                if not batch.items:
+                    raise ValueError(f"{len(token_ids)} tokens do not fit the KV pool")
+                out = self.runner.run(batch.items)
+                chunks.append(self.model.logits(out.hidden))
+                for r, n in batch.items:
+                    r.num_computed_tokens += n
+                    r.num_kv_slots += n
+        finally:
+            self._finish(req, RequestStatus.FINISHED_ABORTED)
+            self.requests.pop(req.request_id, None)
+        return torch.cat(chunks)
+
     def _check_stop(self, req: Request, token: int) -> None:
         p = req.params
         num_out = req.num_tokens - req.num_prompt_tokens

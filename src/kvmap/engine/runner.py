@@ -26,6 +26,7 @@ class StepOutput:
     logits: torch.Tensor            # (N, V) fp32 for the requests in ``sampled``
     sampled: list[Request]          # requests that get a new token this step
     meta: AttentionMetadata
+    hidden: torch.Tensor            # (T, hidden) final hidden states of every token
 
 
 def slot_ids_of(block_ids: list[int], start: int, count: int, block_size: int) -> list[int]:
@@ -80,4 +81,4 @@ class ModelRunner:
         input_ids, positions, meta, sample_rows, sampled = self.build(items, want_scores)
         hidden = self.model(input_ids, positions, meta, self.kv)
         logits = self.model.logits(hidden[sample_rows]) if sampled else hidden.new_empty(0)
-        return StepOutput(logits, sampled, meta)
+        return StepOutput(logits, sampled, meta, hidden)

@@ -145,7 +145,7 @@ def convert_value(raw: str):
         return float(raw)
     except ValueError:
         pass
-    if "(" in raw and raw.endswith(")"):
+    if _NAME.match(raw) and raw.endswith(")") and "(" in raw:
         parts = parse(raw)
         if len(parts) == 1:
             return parts[0]
