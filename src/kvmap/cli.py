@@ -15,6 +15,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Full-scenario KV-cache evaluation and optimization for LLM inference.")
 
 
+@app.callback()
+def _root() -> None:
+    """Full-scenario KV-cache evaluation and optimization for LLM inference."""
+
+
 def fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)

@@ -125,7 +125,10 @@ class LlamaModel(torch.nn.Module):
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+        # Normalize in fp32, scale in the compute dtype, as HF's LlamaRMSNorm does; a
+        # bf16 normalization flips SmolLM2's first answer token ("The" vs "L").
+        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.config.rms_norm_eps)
+        return normed.to(x.dtype) * weight
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -1,0 +1,1 @@
+"""Benchmarks: scenarios, runs, metrics and records."""
