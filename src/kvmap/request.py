@@ -146,6 +146,11 @@ class Request:
         self.output_text = ""
         self.finish_reason: str | None = None
         self.evicted: bool = False          # a selection policy dropped some of its KV
+        self.policy_acc: list | None = None  # per-layer attention received (H2O-style)
+        # teacher forcing: the next tokens are these instead of sampled ones, and the
+        # logits of every sampling step are kept (Engine.score)
+        self.forced_token_ids: list[int] | None = None
+        self.recorded_logits: list = []
 
     @property
     def num_tokens(self) -> int:

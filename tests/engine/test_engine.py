@@ -189,3 +189,13 @@ def test_bad_constructor_arguments():
         make_tiny_llm(num_blocks=None, kv_memory="1KiB")
     with pytest.raises((ValueError, FileNotFoundError), match="no/such/model.gguf"):
         make_tiny_llm(model="/no/such/model.gguf")
+
+
+def test_score_with_context_matches_full_score():
+    llm = make_tiny_llm()
+    tokens = random_prompts([40], seed=11)[0]
+    full = llm.engine.score(tokens)                      # (40, V)
+    tail = llm.engine.score(tokens, num_context_tokens=25)  # predicts tokens 25..39
+    assert tail.shape == (15, full.shape[1])
+    assert (tail - full[24:39]).abs().max().item() < 1e-4
+    assert llm.kv_usage()["num_blocks_used"] == 0

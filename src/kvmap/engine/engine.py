@@ -17,6 +17,7 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
+from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
 from kvmap.engine.scheduler import Scheduler
@@ -56,6 +57,9 @@ class Engine:
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
         self.scheduler = Scheduler(config.scheduler, self.kv, salt)
         self.runner = ModelRunner(self.model, self.kv)
+        self.policy = self.kv_config.policy
+        self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
+            if self.policy is not None else None
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.eos_token_ids = set(loaded.config.eos_token_ids)
@@ -120,14 +124,19 @@ class Engine:
         for req, _ in batch.items:
             if req.metrics.first_scheduled_s is None:
                 req.metrics.first_scheduled_s = now
-        out = self.runner.run(batch.items)
+        out = self.runner.run(batch.items, self.policy)
         for req, n in batch.items:
             req.num_computed_tokens += n
             req.num_kv_slots += n
             self.scheduler.register_full_blocks(req)
+        if self.policy_runner is not None:
+            self.policy_runner.after_step(batch.items, out.meta)
         token_ids = sample(out.logits, out.sampled, self.config.seed) if out.sampled else []
         now = time.perf_counter()
-        for req, token in zip(out.sampled, token_ids):
+        for row, (req, token) in enumerate(zip(out.sampled, token_ids)):
+            if req.forced_token_ids is not None:
+                req.recorded_logits.append(out.logits[row])
+                token = req.forced_token_ids.pop(0)
             req.token_ids.append(token)
             req.metrics.token_times_s.append(now)
             self.num_generated_tokens += 1
@@ -139,13 +148,33 @@ class Engine:
                                          now - t0))
         return touched
 
-    def score(self, token_ids: list[int]) -> torch.Tensor:
-        """Teacher-forced logits (T, V) fp32 for every position of ``token_ids``, computed
-        through the configured KV cache in chunks of the step budget (each chunk's
-        attention reads its context back from the cache, quantized or not). The engine
-        must be idle; the request is freed afterwards."""
+    def score(self, token_ids: list[int], num_context_tokens: int | None = None
+              ) -> torch.Tensor:
+        """Teacher-forced logits through the configured KV cache. The engine must be idle;
+        the request is freed afterwards.
+
+        Without ``num_context_tokens``: logits (T, V) fp32 at every position, computed in
+        prefill chunks of the step budget (each chunk's attention reads its context back
+        from the cache, quantized or not). No selection policy acts in this mode.
+
+        With ``num_context_tokens = c``: the first c tokens are prefilled as a prompt
+        (a selection policy compresses them), then the rest are fed one decode step at a
+        time (the policy keeps acting); returns logits (T - c, V) predicting tokens
+        c .. T-1.
+        """
         if self.has_unfinished():
             raise RuntimeError("score() needs an idle engine")
+        if num_context_tokens is not None:
+            c = num_context_tokens
+            if not 0 < c < len(token_ids):
+                raise ValueError(f"num_context_tokens={c} must be in [1, {len(token_ids)})")
+            req = self.add_request(token_ids[:c], SamplingParams(
+                max_tokens=len(token_ids) - c, ignore_eos=True))
+            req.forced_token_ids = list(token_ids[c:])
+            while not req.status.finished:
+                self.step()
+            self.requests.pop(req.request_id, None)
+            return torch.stack(req.recorded_logits)
         req = self.add_request(token_ids, SamplingParams(max_tokens=1, ignore_eos=True))
         chunks = []
         try:
@@ -200,6 +229,9 @@ class Engine:
         usage["num_preemptions"] = self.scheduler.num_preemptions
         usage["prefix_cache_queries"] = self.kv.pool.num_prefix_queries
         usage["prefix_cache_hits"] = self.kv.pool.num_prefix_hits
+        if self.policy_runner is not None:
+            usage["num_compressions"] = self.policy_runner.num_compressions
+            usage["num_evicted_tokens"] = self.policy_runner.num_evicted_tokens
         return usage
 
     def check_integrity(self) -> None:

@@ -40,7 +40,7 @@ class ModelRunner:
         self.kv = kv
         self.device = model.device
 
-    def build(self, items: list[tuple[Request, int]], want_scores: bool = False):
+    def build(self, items: list[tuple[Request, int]], policy=None):
         """Flat inputs for the batch. Decodes must come first in ``items``."""
         bs = self.kv.block_size
         input_ids: list[int] = []
@@ -64,7 +64,7 @@ class ModelRunner:
                 prefills.append(PrefillSegment(
                     start, start + n,
                     torch.tensor(req.block_ids[:nb], dtype=torch.long, device=self.device),
-                    num_kv_after))
+                    num_kv_after, completes_prompt=c + n == req.num_tokens))
             if c + n == req.num_tokens:          # the chunk reaches the end: sample
                 sample_rows.append(start + n - 1)
                 sampled.append(req)
@@ -72,13 +72,17 @@ class ModelRunner:
         meta = AttentionMetadata.build(
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
             prefills, bs, dev, self.model.dtype)
-        meta.want_scores = want_scores
+        if policy is not None and (policy.needs_window_attention
+                                   or policy.needs_accumulated_attention):
+            meta.want_scores = True
+            meta.observation_window = policy.observation_window
+            meta.accumulate = policy.needs_accumulated_attention
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)
 
-    def run(self, items: list[tuple[Request, int]], want_scores: bool = False) -> StepOutput:
-        input_ids, positions, meta, sample_rows, sampled = self.build(items, want_scores)
+    def run(self, items: list[tuple[Request, int]], policy=None) -> StepOutput:
+        input_ids, positions, meta, sample_rows, sampled = self.build(items, policy)
         hidden = self.model(input_ids, positions, meta, self.kv)
         logits = self.model.logits(hidden[sample_rows]) if sampled else hidden.new_empty(0)
         return StepOutput(logits, sampled, meta, hidden)

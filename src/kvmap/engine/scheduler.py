@@ -171,6 +171,7 @@ class Scheduler:
         self._free_blocks(req)
         req.num_computed_tokens = 0
         req.evicted = False
+        req.policy_acc = None
         req.block_hashes = []
         req.status = RequestStatus.PREEMPTED
         req.metrics.num_preemptions += 1

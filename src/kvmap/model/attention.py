@@ -32,6 +32,7 @@ class PrefillSegment:
     end: int                   # one past its last token
     block_ids: torch.Tensor    # (nb,) the sequence's blocks covering all num_kv_slots
     num_kv_slots: int          # KV slots after this chunk is written (context + chunk)
+    completes_prompt: bool = False   # the chunk's last token is the sequence's last
 
 
 @dataclass
@@ -41,8 +42,15 @@ class AttentionMetadata:
     decode_block_ids: torch.Tensor | None = None   # (B, nb) padded block tables
     decode_mask: torch.Tensor | None = None        # (B, 1, 1, nb*bs) additive, 0 or -inf
     prefills: list[PrefillSegment] = field(default_factory=list)
-    # Filled by attention when a selection policy asks for scores (see kv/policies):
+    # Attention statistics for a selection policy (kvmap.kv.policies), per layer:
+    #   scores[layer]["decode"]          (B, H, L) fp32, the decode queries' attention
+    #   scores[layer]["window"][i]       (H, W, L_i) fp32, last W queries of prefill i
+    #   scores[layer]["accumulated"][i]  (H, L_i) fp32, attention received from chunk i
+    # (summed over the query heads of each KV head). Only segments that complete
+    # their prompt get a window.
     want_scores: bool = False
+    observation_window: int = 1
+    accumulate: bool = False
     scores: dict = field(default_factory=dict)
 
     @classmethod
@@ -82,26 +90,43 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         scores += meta.decode_mask
         probs = torch.softmax(scores, dim=-1)
         if meta.want_scores:
-            meta.scores.setdefault(layer_idx, {})["decode"] = probs
+            stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
+            stats["decode"] = probs.float().sum(2)
         o = torch.matmul(probs, vc.permute(0, 2, 1, 3))                  # (B, H, G, D)
         out[:B] = o.reshape(B, num_heads * head_dim)
-    for seg in meta.prefills:
+    for i, seg in enumerate(meta.prefills):
         kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
         L = seg.num_kv_slots
         kc = kc.reshape(-1, num_kv_heads, head_dim)[:L].permute(1, 2, 0)  # (H, D, L)
         vc = vc.reshape(-1, num_kv_heads, head_dim)[:L].transpose(0, 1)   # (H, L, D)
         C = seg.end - seg.start
         qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        o = _causal_chunk(qs, kc, vc, L - C)                              # (H, G, C, D)
+        acc = None
         if meta.want_scores:
-            meta.scores.setdefault(layer_idx, {}).setdefault("prefill", []).append(
-                (seg, qs, kc))
+            stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
+            if meta.accumulate:
+                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L)
+            if seg.completes_prompt:
+                stats["window"][i] = _window_attention(qs, kc, meta.observation_window)
+        o = _causal_chunk(qs, kc, vc, L - C, acc)                         # (H, G, C, D)
         out[seg.start:seg.end] = o.permute(2, 0, 1, 3).reshape(C, num_heads * head_dim)
     return out
 
 
+def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int) -> torch.Tensor:
+    """Attention (H, W, L) fp32 of the chunk's last W queries over all L keys, summed over
+    query heads. qs (H, G, C, D) pre-scaled, kc (H, D, L); the chunk ends at key L-1."""
+    H, G, C, D = qs.shape
+    w = min(window, C)
+    L = kc.shape[-1]
+    scores = torch.matmul(qs[:, :, C - w:].float(), kc[:, None].float())   # (H, G, w, L)
+    q_pos = torch.arange(L - w, L)
+    scores.masked_fill_(torch.arange(L)[None, :] > q_pos[:, None], NEG_INF)
+    return torch.softmax(scores, dim=-1).sum(1)
+
+
 def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                  num_past: int) -> torch.Tensor:
+                  num_past: int, acc: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of C queries that follow ``num_past`` cached keys.
 
     qs (H, G, C, D) pre-scaled; kc (H, D, L); vc (H, L, D); L = num_past + C.
@@ -114,7 +139,9 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
         tile 1    ######################  ####\
 
     Scores stay in the compute dtype; softmax accumulates in fp32 internally (as HF's
-    eager attention does: bf16 scores, fp32 softmax, bf16 probabilities).
+    eager attention does: bf16 scores, fp32 softmax, bf16 probabilities). With ``acc``
+    (H, L), the attention each key receives (summed over queries and query heads) is
+    added to it.
     """
     H, G, C, D = qs.shape
     out = torch.empty_like(qs)
@@ -127,5 +154,7 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
         scores = torch.bmm(qt, kc[:, :, :n_keys]).view(H, G, c, n_keys)
         scores[..., num_past + i0:n_keys] += diag[:c, :c]
         probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys)
+        if acc is not None:
+            acc[:, :n_keys] += probs.float().sum(1)
         out[:, :, i0:i1] = torch.bmm(probs, vc[:, :n_keys]).view(H, G, c, D)
     return out

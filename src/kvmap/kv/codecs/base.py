@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvmap.kv.options import Options
 from kvmap.kv.spec import KVGeometry, block_bytes_of
 
 
@@ -47,7 +48,7 @@ class LayerStore:
         return [(name, t[block_id]) for name, t in self.blocks.items()]
 
 
-class Codec:
+class Codec(Options):
     """Base codec. ``name`` is the spec-string name; ``options`` its validated options.
 
     Contract:
@@ -58,21 +59,7 @@ class Codec:
       head_dim) in ``compute_dtype`` for the N blocks asked for -- never the whole cache.
     """
 
-    name: ClassVar[str] = ""
-    # Options a subclass accepts, with defaults; the base class rejects any other key.
-    defaults: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.defaults))
-        if unknown:
-            raise ValueError(
-                f"codec {self.name!r} has no option {unknown[0]!r}; "
-                f"its options are {sorted(self.defaults) or 'none'}")
-        self.options = {**self.defaults, **options}
-        self.validate()
-
-    def validate(self) -> None:
-        """Check ``self.options``; raise ValueError naming the bad option."""
+    kind: ClassVar[str] = "codec"
 
     def validate_geometry(self, geom: KVGeometry) -> None:
         """Check that the options fit this model's geometry (e.g. group size | head_dim)."""
@@ -99,7 +86,3 @@ class Codec:
     def bytes_per_token(self, geom: KVGeometry,
                         compute_dtype: torch.dtype = torch.bfloat16) -> float:
         return self.block_bytes(geom, compute_dtype) / geom.block_size
-
-    def __repr__(self) -> str:
-        opts = ",".join(f"{k}={v}" for k, v in self.options.items() if v != self.defaults[k])
-        return f"{self.name}({opts})" if opts else self.name

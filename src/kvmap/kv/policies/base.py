@@ -1,0 +1,100 @@
+"""Selection policies: which cached tokens to keep when a sequence exceeds its budget.
+
+A policy only scores tokens; the base class does the rest (budget arithmetic, forced
+keeps, top-k per KV head). The engine (``kvmap.engine.policy_runner``) calls it after
+prefill (compressing the prompt) and during decoding (whenever the sequence has grown
+one block past its budget), layer by layer, then compacts the kept tokens into the
+sequence's first blocks and returns the freed blocks to the pool
+(``kvmap.kv.compaction``).
+
+Selection is per layer and per KV head: head h of layer l may keep different tokens,
+but every head keeps the same number, so one block table serves all layers.
+
+Slots are in time order (compaction preserves order), so "recent" means the last slots
+and "sinks" the first ones.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvmap.kv.options import Options
+
+
+@dataclass
+class ScoreInputs:
+    """What a policy may look at for one layer of one sequence. L = cached slots."""
+
+    layer_idx: int
+    keys: torch.Tensor               # (L, H, D) as read back from the cache, compute dtype
+    values: torch.Tensor             # (L, H, D)
+    window_attention: torch.Tensor | None  # (H, W, L) fp32: attention of the last W queries
+                                            # (summed over the query heads of each KV head)
+    accumulated_attention: torch.Tensor | None  # (H, L) fp32: attention each key received
+                                                # from every query so far (H2O)
+    num_prompt_tokens: int
+    generator: torch.Generator | None = None
+
+
+class Policy(Options):
+    """Base selection policy. Subclasses override ``score`` (and may set the flags)."""
+
+    kind: ClassVar[str] = "policy"
+    defaults: ClassVar[dict] = {"budget": 0.25, "sinks": 0, "recent": 0}
+    # which attention statistics the engine must collect for this policy
+    needs_window_attention: ClassVar[bool] = False
+    needs_accumulated_attention: ClassVar[bool] = False
+
+    @property
+    def observation_window(self) -> int:
+        return 1
+
+    def validate(self) -> None:
+        b = self.options.get("budget")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0 or \
+                (isinstance(b, float) and b > 1):
+            raise ValueError(f"{self.name}(budget={b!r}): a budget is a token count >= 1 "
+                             f"or a fraction of the prompt in (0, 1]")
+        for key in ("sinks", "recent", "window"):
+            v = self.options.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{self.name}({key}={v!r}) must be an integer >= 0")
+
+    # ---- budget --------------------------------------------------------------------
+    def budget_tokens(self, num_prompt_tokens: int) -> int:
+        """Tokens to keep per layer: a count, or a fraction of the prompt (at least the
+        forced keeps, at least 1)."""
+        b = self.options["budget"]
+        n = b if isinstance(b, int) else math.ceil(b * num_prompt_tokens)
+        return max(1, n, self.num_sinks + self.num_recent)
+
+    @property
+    def num_sinks(self) -> int:
+        return self.options.get("sinks", 0) or 0
+
+    @property
+    def num_recent(self) -> int:
+        return self.options.get("recent", 0) or 0
+
+    # ---- selection -------------------------------------------------------------------
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        """(H, L) scores, higher = keep. Override."""
+        raise NotImplementedError
+
+    def select(self, inputs: ScoreInputs, num_keep: int) -> torch.Tensor:
+        """Kept slot indices (H, num_keep), ascending per head. Sinks and the most recent
+        tokens are always kept; the rest by descending score."""
+        L, H = inputs.keys.shape[0], inputs.keys.shape[1]
+        if num_keep >= L:
+            return torch.arange(L).expand(H, L).clone()
+        scores = self.score(inputs).float().clone()                      # (H, L)
+        forced = torch.zeros(L, dtype=torch.bool)
+        forced[: min(self.num_sinks, L)] = True
+        if self.num_recent:
+            forced[max(0, L - self.num_recent):] = True
+        scores[:, forced] = float("inf")
+        kept = torch.topk(scores, num_keep, dim=-1).indices
+        return kept.sort(dim=-1).values
