@@ -69,6 +69,15 @@ def generate(
                    err=True)
 
 
+def _register_subcommands() -> None:
+    """Each feature package adds its own command(s); cli.py only wires them."""
+    from kvmap.plan.command import register as register_plan
+    register_plan(app)
+
+
+_register_subcommands()
+
+
 def main() -> None:
     try:
         app()

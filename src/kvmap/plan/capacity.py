@@ -1,0 +1,141 @@
+"""How much KV cache fits beside the weights: pure functions and one frozen result.
+
+The cache is counted the way the engine allocates it (``kvmap.kv.cache``): whole blocks of
+``block_size`` tokens, each block holding every layer's K and V in the codec's real
+storage, scales and zero points included::
+
+    kv_bytes_per_block = codec.block_bytes(geom)      # exact, from a meta-device allocation
+                       = block_size * 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
+                         (+ scales) for the plain codecs
+    blocks_per_seq     = ceil(resident_tokens / block_size)     (+1, see resident_blocks)
+
+With tensor parallelism over ``num_gpus`` GPUs each GPU holds ``num_kv_heads / num_gpus`` KV
+heads of every token (at least one: heads are replicated when GPUs outnumber them, as in
+vLLM), and its own pool of blocks, sized from what is left of its memory::
+
+    usable_kv_bytes_per_gpu = memory_bytes * gpu_memory_utilization
+                              - weight_bytes / num_gpus - reserve_bytes_per_gpu
+    num_blocks_per_gpu      = usable_kv_bytes_per_gpu // kv_bytes_per_block_per_gpu
+    max_concurrent_seqs     = num_blocks_per_gpu // blocks_per_seq
+
+``gpu_memory_utilization`` defaults to vLLM's 0.9. ``reserve_bytes_per_gpu`` (default 2 GiB)
+stands for what vLLM measures by a profiling run and this planner cannot: the activation peak
+of a prefill chunk, CUDA graphs, NCCL buffers and allocator slack.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+GPU_MEMORY_UTILIZATION = 0.9
+RESERVE_BYTES_PER_GPU = 2 * 2**30
+COMPUTE_DTYPE = torch.bfloat16          # the dtype K and V are computed in (codecs' input)
+UNBOUNDED_TOKENS = 2**40                # a context no memory limit reaches: "unbounded"
+
+
+def kv_heads_per_gpu(num_kv_heads: int, num_heads: int, num_gpus: int) -> int:
+    """KV heads each GPU stores under tensor parallelism; ValueError if the split is uneven."""
+    if not isinstance(num_gpus, int) or num_gpus <= 0:
+        raise ValueError(f"num_gpus={num_gpus!r} must be a positive integer")
+    if num_heads % num_gpus or (num_kv_heads % num_gpus and num_gpus % num_kv_heads):
+        raise ValueError(f"num_gpus={num_gpus} does not split {num_heads} attention heads and "
+                         f"{num_kv_heads} KV heads evenly (tensor parallelism)")
+    return max(1, num_kv_heads // num_gpus)
+
+
+def _policy_option(policy: Any, name: str) -> Any:
+    value = getattr(policy, name, None)
+    return value if value is not None else (getattr(policy, "options", None) or {}).get(name)
+
+
+def policy_kept_tokens(policy: Any, context_tokens: int) -> int:
+    """Tokens a selection policy keeps of a ``context_tokens`` sequence (None: all of them).
+
+    A policy states its budget by a ``resident_tokens(context_tokens)`` method, else by a
+    ``budget`` (int: tokens; float in (0, 1]: fraction of the context), else by ``window``
+    (plus ``sinks``, default 0) -- as an attribute or in its ``options`` dict.
+    """
+    if policy is None:
+        return context_tokens
+    if callable(getattr(policy, "resident_tokens", None)):
+        kept = int(policy.resident_tokens(context_tokens))
+    elif (budget := _policy_option(policy, "budget")) is not None:
+        is_fraction = isinstance(budget, float) and 0 < budget <= 1
+        kept = math.ceil(budget * context_tokens) if is_fraction else int(budget)
+    elif (window := _policy_option(policy, "window")) is not None:
+        kept = int(_policy_option(policy, "sinks") or 0) + int(window)
+    else:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} states no budget "
+                         "(budget, window or resident_tokens); the planner cannot size it")
+    return min(context_tokens, kept)
+
+
+def resident_tokens_per_seq(context_tokens: int, policy: Any = None,
+                            sliding_window: int | None = None) -> int:
+    """Tokens of one sequence the cache must hold: the policy's budget, the model's sliding
+    window (tokens that slid out are freed), whichever is smaller."""
+    if not isinstance(context_tokens, int) or context_tokens <= 0:
+        raise ValueError(f"context={context_tokens!r} must be a positive number of tokens")
+    kept = policy_kept_tokens(policy, context_tokens)
+    return min(kept, sliding_window) if sliding_window else kept
+
+
+def resident_blocks(context_tokens: int, block_size: int, policy: Any = None,
+                    sliding_window: int | None = None) -> int:
+    """Blocks one sequence holds. Freeing is by whole blocks, so a trimmed sequence keeps one
+    partly-dropped block beside its kept tokens (vLLM's sliding-window rule does the same).
+    Block size 4, 17 tokens, 4 sinks + the last 6 kept (10 tokens)::
+
+        tokens  [s s s s|x x x x|x x x k|k k k k|k . . .]   s sink, x dropped, k kept
+        blocks   kept    freed   partly  kept    kept      -> ceil(10 / 4) + 1 = 4 blocks
+    """
+    resident = resident_tokens_per_seq(context_tokens, policy, sliding_window)
+    num_blocks = math.ceil(resident / block_size)
+    if resident < context_tokens:
+        num_blocks = min(num_blocks + 1, math.ceil(context_tokens / block_size))
+    return num_blocks
+
+
+def usable_kv_bytes_per_gpu(memory_bytes: int, weight_bytes_per_gpu: int,
+                            gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                            reserve_bytes_per_gpu: int = RESERVE_BYTES_PER_GPU) -> int:
+    """Bytes left for the KV pool on one GPU; negative when the weights do not fit."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r} must be in (0, 1]")
+    return int(memory_bytes * gpu_memory_utilization) - weight_bytes_per_gpu - reserve_bytes_per_gpu
+
+
+def num_blocks_in(kv_bytes: int, kv_bytes_per_block: int) -> int:
+    """Whole blocks a byte budget holds (0 for a non-positive budget)."""
+    return max(0, kv_bytes) // kv_bytes_per_block
+
+
+def max_context_tokens(num_blocks: int, num_seqs: int, block_size: int, policy: Any = None,
+                       sliding_window: int | None = None) -> int | None:
+    """Largest context each of ``num_seqs`` sequences can have at once in ``num_blocks``
+    blocks; None when no context is too long (a policy or window bounds the residency)."""
+    if not isinstance(num_seqs, int) or num_seqs <= 0:
+        raise ValueError(f"concurrency={num_seqs!r} must be a positive integer")
+
+    def fits(context_tokens: int) -> bool:
+        blocks = resident_blocks(context_tokens, block_size, policy, sliding_window)
+        return num_seqs * blocks <= num_blocks
+
+    if fits(UNBOUNDED_TOKENS):
+        return None
+    lo, hi = 0, UNBOUNDED_TOKENS        # fits(lo) (or lo == 0), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def decode_step_s(weight_bytes_per_gpu: int, kv_bytes_read_per_gpu: int,
+                  memory_bandwidth_bytes_per_s: float) -> float:
+    """Memory-bound lower bound of one decode step: every GPU reads its weights (an MoE all
+    its experts, as at any batch of more than a few sequences) and the batch's KV once.
+    Compute, communication and kernel overheads are ignored."""
+    return (weight_bytes_per_gpu + kv_bytes_read_per_gpu) / memory_bandwidth_bytes_per_s
+

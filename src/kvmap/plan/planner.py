@@ -1,0 +1,131 @@
+"""``plan_capacity``: one model, GPU setup and KV configuration -> a :class:`CapacityPlan`.
+
+The arithmetic is :mod:`kvmap.plan.capacity`'s; this module only gathers the inputs (exact
+block bytes from the codec, weight bytes, the GPU's memory) and names the results.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kvmap.kv.config import KVConfig
+from kvmap.kv.spec import KVGeometry
+from kvmap.plan import capacity
+from kvmap.plan.catalogue import GPU, PlanModel
+from kvmap.plan.weights import weight_bytes
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Figures for one KV configuration. Per-GPU figures are for each of ``num_gpus``."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    kv_spec: str
+    weights_format: str
+    block_size: int
+    context_tokens: int
+    concurrency: int
+    kv_bytes_per_token: float          # whole model, all layers, all KV heads, scales included
+    num_kv_heads_per_gpu: int
+    kv_bytes_per_block_per_gpu: int    # block_size tokens, all layers, this GPU's heads
+    resident_tokens_per_seq: int       # at context_tokens, after policy and sliding window
+    blocks_per_seq: int
+    kv_bytes_per_seq: int              # blocks_per_seq blocks on every GPU
+    weight_bytes: int                  # all GPUs together
+    weight_bytes_per_gpu: int
+    memory_bytes_per_gpu: int
+    usable_kv_bytes_per_gpu: int       # negative: the weights do not fit
+    num_blocks_per_gpu: int
+    max_concurrent_seqs: int           # at context_tokens
+    max_context_tokens: int | None     # at `concurrency` sequences; None: unbounded
+    model_max_context_tokens: int
+    decode_step_s: float               # `concurrency` sequences at context_tokens
+    decode_step_s_at_max_seqs: float   # max_concurrent_seqs sequences (nan when 0)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        if math.isnan(d["decode_step_s_at_max_seqs"]):
+            d["decode_step_s_at_max_seqs"] = None
+        return d
+
+
+def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
+                  context_tokens: int | None = None, concurrency: int = 1, num_gpus: int = 1,
+                  weights: str = "bf16", block_size: int = 16,
+                  gpu_memory_utilization: float = capacity.GPU_MEMORY_UTILIZATION,
+                  reserve_bytes_per_gpu: int = capacity.RESERVE_BYTES_PER_GPU) -> CapacityPlan:
+    """Plan ``model`` on ``num_gpus`` x ``gpu`` with KV configuration ``kv``.
+
+    ``context_tokens`` defaults to the model's ``max_position_embeddings``. Raises
+    ValueError naming the bad value (spec, weights format, GPU count, context).
+    """
+    kv = KVConfig.parse(kv)
+    c = model.config
+    context_tokens = c.max_position_embeddings if context_tokens is None else context_tokens
+    if not isinstance(concurrency, int) or concurrency <= 0:
+        raise ValueError(f"concurrency={concurrency!r} must be a positive integer")
+    heads_per_gpu = capacity.kv_heads_per_gpu(c.num_kv_heads, c.num_heads, num_gpus)
+    geom_gpu = KVGeometry(c.num_layers, heads_per_gpu, c.head_dim, block_size)
+    geom_model = KVGeometry.of(c, block_size)
+    kv.codec.validate_geometry(geom_gpu)
+    block_bytes_gpu = kv.codec.block_bytes(geom_gpu, capacity.COMPUTE_DTYPE)
+    bytes_per_token = kv.codec.block_bytes(geom_model, capacity.COMPUTE_DTYPE) / block_size
+
+    window = c.sliding_window
+    blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window)
+    all_weight_bytes = weight_bytes(model, weights)
+    weight_bytes_gpu = math.ceil(all_weight_bytes / num_gpus)
+    usable = capacity.usable_kv_bytes_per_gpu(gpu.memory_bytes, weight_bytes_gpu,
+                                              gpu_memory_utilization, reserve_bytes_per_gpu)
+    num_blocks = capacity.num_blocks_in(usable, block_bytes_gpu)
+    max_seqs = num_blocks // blocks_per_seq
+
+    def step_s(num_seqs: int) -> float:
+        kv_read = num_seqs * blocks_per_seq * block_bytes_gpu
+        return capacity.decode_step_s(weight_bytes_gpu, kv_read, gpu.memory_bandwidth_bytes_per_s)
+
+    resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window)
+    return CapacityPlan(
+        model=c.name, gpu=gpu.name, num_gpus=num_gpus, kv_spec=kv.spec,
+        weights_format=weights.strip().lower(), block_size=block_size,
+        context_tokens=context_tokens, concurrency=concurrency,
+        kv_bytes_per_token=bytes_per_token, num_kv_heads_per_gpu=heads_per_gpu,
+        kv_bytes_per_block_per_gpu=block_bytes_gpu, resident_tokens_per_seq=resident,
+        blocks_per_seq=blocks_per_seq, kv_bytes_per_seq=blocks_per_seq * block_bytes_gpu * num_gpus,
+        weight_bytes=all_weight_bytes, weight_bytes_per_gpu=weight_bytes_gpu,
+        memory_bytes_per_gpu=gpu.memory_bytes, usable_kv_bytes_per_gpu=usable,
+        num_blocks_per_gpu=num_blocks, max_concurrent_seqs=max_seqs,
+        max_context_tokens=capacity.max_context_tokens(num_blocks, concurrency, block_size,
+                                                       kv.policy, window),
+        model_max_context_tokens=c.max_position_embeddings,
+        decode_step_s=step_s(concurrency),
+        decode_step_s_at_max_seqs=step_s(max_seqs) if max_seqs else math.nan,
+        notes=_notes(model, kv, num_gpus, context_tokens, resident, usable),
+    )
+
+
+def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,
+           resident_tokens: int, usable_kv_bytes: int) -> tuple[str, ...]:
+    c, notes = model.config, []
+    if usable_kv_bytes <= 0:
+        notes.append("the weights and the reserve do not fit in this GPU memory: no KV room")
+    if c.sliding_window and context_tokens > c.sliding_window:
+        notes.append(f"resident tokens capped by the model's {c.sliding_window}-token sliding "
+                     "window, assuming blocks that slide out are freed (vLLM v1 does)")
+    if kv.policy is not None and resident_tokens < context_tokens:
+        notes.append(f"policy {getattr(kv.policy, 'name', kv.policy)!r} keeps "
+                     f"{resident_tokens} of {context_tokens} tokens after it compresses; a "
+                     "prompt in prefill may briefly hold all of its tokens")
+    if context_tokens > c.max_position_embeddings:
+        notes.append(f"context {context_tokens} exceeds the model's trained "
+                     f"max_position_embeddings={c.max_position_embeddings}")
+    if num_gpus > c.num_kv_heads:
+        notes.append(f"{num_gpus} GPUs > {c.num_kv_heads} KV heads: KV heads are replicated")
+    if model.num_experts > 1:
+        notes.append(f"mixture of experts: weights hold all {model.num_experts} experts "
+                     f"({model.num_experts_per_tok} active per token); KV is the attention's")
+    return tuple(notes)
