@@ -1,0 +1,65 @@
+"""The real embedded model (SmolLM2-135M-Instruct, Q4_1 GGUF) against HF transformers
+on the same dequantized weights, plus a pinned greedy answer. Marked slow (runs in CI)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kvmap import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. Then the dog",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "In 1789, the French Revolution began with the storming of the Bastille, which",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    from kvmap.model.loader import embedded_model_path
+    path = embedded_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
+        quantization_config=transformers.GgufConfig(dequantize=True))
+    return model.eval()
+
+
+def test_pinned_chat_answer(real_llm_fp32):
+    out = real_llm_fp32.chat([{"role": "user", "content": "What is the capital of France?"}],
+                             SamplingParams(max_tokens=16))[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+
+
+def test_logits_match_transformers(real_llm_fp32, hf_model):
+    tok = real_llm_fp32.tokenizer
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        ours = real_llm_fp32.engine.score(ids)
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([ids])).logits[0].float()
+        assert (ours - ref).abs().max().item() < 1e-3, prompt
+
+
+def test_greedy_matches_transformers(real_llm_fp32, hf_model):
+    tok = real_llm_fp32.tokenizer
+    encoded = [tok.encode(p) for p in PROMPTS]
+    outs = real_llm_fp32.generate(encoded, SamplingParams(max_tokens=24, ignore_eos=True))
+    for ids, out in zip(encoded, outs):
+        t = torch.tensor([ids])
+        ref = hf_model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=24,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ref[0, len(ids):].tolist() == out.token_ids
+
+
+def test_bf16_batched_generation_is_coherent(real_llm):
+    outs = real_llm.chat([[{"role": "user", "content": q}] for q in
+                          ("What is 2 + 2?", "Name a primary color.")],
+                         SamplingParams(max_tokens=24))
+    assert all(o.text.strip() for o in outs)
+    assert real_llm.kv_usage()["num_blocks_used"] == 0
