@@ -59,8 +59,8 @@ class PagedKVCache:
         self.compute_dtype = compute_dtype
         self.pool = BlockPool(num_blocks, geom.block_size)
         self.layers: list[LayerStore] = [
-            codec.allocate(num_blocks, geom, self.device, compute_dtype)
-            for _ in range(geom.num_layers)]
+            codec.allocate(num_blocks, geom, self.device, compute_dtype, layer_id=i)
+            for i in range(geom.num_layers)]
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
 
     @property

@@ -52,7 +52,8 @@ class Codec(Options):
     """Base codec. ``name`` is the spec-string name; ``options`` its validated options.
 
     Contract:
-    - ``allocate(num_blocks, geom, device, compute_dtype)`` returns a zeroed LayerStore.
+    - ``allocate(num_blocks, geom, device, compute_dtype, layer_id)`` returns a zeroed
+      LayerStore for layer ``layer_id``.
     - ``write(store, slot_ids, k, v)`` encodes k, v of shape (T, num_kv_heads, head_dim)
       into the given slots (LongTensor (T,)). Mutates ``store`` only.
     - ``read(store, block_ids)`` returns (k, v), each (N, block_size, num_kv_heads,
@@ -66,7 +67,8 @@ class Codec(Options):
 
     # ---- storage -----------------------------------------------------------------
     def allocate(self, num_blocks: int, geom: KVGeometry, device: torch.device | str,
-                 compute_dtype: torch.dtype) -> LayerStore:
+                 compute_dtype: torch.dtype, layer_id: int | None = None) -> LayerStore:
+        """``layer_id`` lets a codec with per-layer state (static scales) pick its own."""
         raise NotImplementedError
 
     def write(self, store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor,

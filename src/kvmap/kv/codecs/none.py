@@ -14,7 +14,8 @@ class PlainCodec(Codec):
 
     storage_dtype: ClassVar[torch.dtype]
 
-    def allocate(self, num_blocks: int, geom: KVGeometry, device, compute_dtype) -> LayerStore:
+    def allocate(self, num_blocks: int, geom: KVGeometry, device, compute_dtype,
+                 layer_id: int | None = None) -> LayerStore:
         shape = (num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim)
         return LayerStore({
             "k": torch.zeros(shape, dtype=self.storage_dtype, device=device),

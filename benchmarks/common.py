@@ -1,0 +1,67 @@
+"""Shared plumbing for benchmark scripts: timing medians, the machine's matmul rate,
+and the self-describing JSON record (schema version, git sha, environment, config,
+metrics) written under benchmarks/results/."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+SCHEMA_VERSION = 1
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def median_time_s(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def matmul_gflops(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: int = 5) -> float:
+    """The machine's measured dense matrix-multiply rate (GFLOP/s) for ``dtype``."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    t, _ = median_time_s(lambda: a @ b, repeats)
+    return 2 * n ** 3 / t / 1e9
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
+                                       cwd=Path(__file__).parent,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def write_record(name: str, config: dict, metrics: dict) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": name, "git_sha": git_sha(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "environment": environment(), "config": config, "metrics": metrics}
+    path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(record, indent=2))
+    return path
