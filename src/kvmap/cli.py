@@ -69,6 +69,39 @@ def generate(
                    err=True)
 
 
+@app.command()
+def calibrate(
+    out: str = typer.Option(..., "--out", help="File to write (.safetensors or .json)"),
+    model: Optional[str] = typer.Option(None, help="Model (default: embedded SmolLM2)"),
+    dtype: str = typer.Option("bf16"),
+    num_tokens: int = typer.Option(2048, "--tokens", help="Calibration tokens in all"),
+    chunk: int = typer.Option(512, help="Tokens per prefill"),
+    text_file: Optional[str] = typer.Option(None, help="Calibration text (default: the "
+                                                        "built-in corpus)"),
+    clip: float = typer.Option(0.0, help="Quantile clipped from each tail"),
+):
+    """Write static KV ranges for ``scale=static(path=FILE)`` from real K/V."""
+    from kvmap import LLM
+    from kvmap.engine.calibration import calibrate_model
+    from kvmap.workloads.corpus import load_text_file, take_tokens
+    if num_tokens < 1 or chunk < 1:
+        fail(f"--tokens={num_tokens} and --chunk={chunk} must be positive")
+    try:
+        text = load_text_file(text_file) if text_file else None
+        llm = LLM(model=model, dtype=dtype, kv=dtype if dtype != "float32" else "fp32")
+        chunks, start = [], 0
+        while sum(len(c) for c in chunks) < num_tokens:
+            n = min(chunk, num_tokens - sum(len(c) for c in chunks))
+            chunks.append(llm.encode(take_tokens(llm.tokenizer, n, start_paragraph=start,
+                                                 text=text)))
+            start += 7
+        path = calibrate_model(llm, chunks, out, clip=clip)
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(f"wrote {path} ({sum(len(c) for c in chunks)} tokens, "
+               f"{llm.model_config.num_layers} layers)")
+
+
 def _register_subcommands() -> None:
     """Each feature package adds its own command(s); cli.py only wires them."""
     from kvmap.plan.command import register as register_plan
