@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
+from kvmap.kv.tiers.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
@@ -55,7 +57,8 @@ class Engine:
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
         use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
-        self.scheduler = Scheduler(config.scheduler, self.kv, salt)
+        self.store = self._make_store(salt)
+        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store)
         self.runner = ModelRunner(self.model, self.kv)
         self.policy = self.kv_config.policy
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
@@ -67,6 +70,27 @@ class Engine:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         self.step_stats: list[StepStats] = []
         self.num_generated_tokens = 0
+
+    def _make_store(self, salt: bytes | None) -> TieredStore | None:
+        """The tiers below the pool, if the KV spec has ``tiers(...)``. Blocks are kept
+        there by prefix hash, so tiers need prefix caching (off with a selection policy,
+        which rewrites blocks in place)."""
+        layout = self.kv_config.tiers
+        if layout is None or not layout.levels:
+            return None
+        if salt is None:
+            why = ("a selection policy rewrites blocks in place" if self.kv_config.policy
+                   else "enable_prefix_caching is off")
+            raise ValueError(f"KV spec {self.kv_config.spec!r}: {layout!r} keeps blocks by "
+                             f"prefix hash, but prefix caching is off ({why})")
+        store = TieredStore(layout, self.kv, self.model_config)
+        weakref.finalize(self, store.close)       # temp dirs and Redis keys go with us
+        return store
+
+    def close(self) -> None:
+        """Release the tiers (files, Redis keys). The engine must not be used after."""
+        if self.store is not None:
+            self.store.close()
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -124,7 +148,11 @@ class Engine:
         for req, _ in batch.items:
             if req.metrics.first_scheduled_s is None:
                 req.metrics.first_scheduled_s = now
+        run_s = time.perf_counter()
         out = self.runner.run(batch.items, self.policy)
+        if self.store is not None:     # the cost model learns the compute rate
+            self.store.cost.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
+                                         for r, n in batch.items], time.perf_counter() - run_s)
         for req, n in batch.items:
             req.num_computed_tokens += n
             req.num_kv_slots += n
@@ -229,6 +257,9 @@ class Engine:
         usage["num_preemptions"] = self.scheduler.num_preemptions
         usage["prefix_cache_queries"] = self.kv.pool.num_prefix_queries
         usage["prefix_cache_hits"] = self.kv.pool.num_prefix_hits
+        if self.store is not None:
+            usage["tiers"] = self.store.usage()
+            usage["tier_store"] = self.store.as_dict()
         if self.policy_runner is not None:
             usage["num_compressions"] = self.policy_runner.num_compressions
             usage["num_evicted_tokens"] = self.policy_runner.num_evicted_tokens
@@ -237,3 +268,5 @@ class Engine:
     def check_integrity(self) -> None:
         live = [r.block_ids for r in self.requests.values() if r.block_ids]
         self.kv.pool.check_integrity(live)
+        if self.store is not None:
+            self.store.check_integrity()

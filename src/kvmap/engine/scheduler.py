@@ -4,12 +4,14 @@ Each step has a token budget (``max_num_batched_tokens``). Running sequences are
 first, in arrival order: a decoding sequence needs one token, a sequence still in
 prefill takes the next chunk of its prompt. Then waiting sequences are admitted while
 budget, sequence slots and blocks last. A newly admitted sequence first takes the
-longest cached prefix of its full blocks from the pool's prefix index.
+longest cached prefix of its full blocks from the pool's prefix index and then, with a
+tiered store (``tiers(...)``), the blocks that follow from the tiers below the pool.
 
 When the pool has no block for a running sequence, the most recently admitted running
 sequence is preempted by recomputation: its blocks are freed (full blocks keep their
-hashes, so the recompute usually hits the prefix cache) and it goes back to the front
-of the waiting queue with nothing computed. The engine never runs out of memory.
+hashes, so the recompute usually hits the prefix cache, and with tiers they are demoted
+rather than lost when the pool reuses them) and it goes back to the front of the
+waiting queue with nothing computed. The engine never runs out of memory.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from kvmap.config import SchedulerConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.prefix import block_hashes
+from kvmap.kv.tiers.store import TieredStore
 from kvmap.request import Request, RequestStatus
 
 
@@ -36,12 +39,14 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None):
+    def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None,
+                 store: TieredStore | None = None):
         self.config = config
         self.kv = kv
         self.pool = kv.pool
         self.block_size = kv.block_size
         self.prefix_salt = prefix_salt          # None disables prefix caching
+        self.store = store                      # tiers below the pool, or None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -128,6 +133,8 @@ class Scheduler:
                               self.prefix_salt)
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
+        if self.store is not None and len(found) < len(hashes):
+            found += self.store.take_prefix(hashes, len(found))
         if found:
             req.block_ids = found
             req.num_computed_tokens = req.num_kv_slots = len(found) * self.block_size

@@ -62,6 +62,8 @@ class PagedKVCache:
             codec.allocate(num_blocks, geom, self.device, compute_dtype, layer_id=i)
             for i in range(geom.num_layers)]
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
+        # the levels below the pool (kvmap.kv.tiers.store.TieredStore installs itself)
+        self.tiers = None
 
     @property
     def block_size(self) -> int:
@@ -74,5 +76,5 @@ class PagedKVCache:
             num_blocks_used=self.pool.num_used,
             num_blocks_total=self.pool.num_blocks,
             bytes_per_block=self.bytes_per_block,
-            tiers={},
+            tiers=self.tiers.resident() if self.tiers is not None else {},
         )

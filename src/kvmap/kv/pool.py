@@ -8,7 +8,10 @@ block table; token i of the sequence's KV lives at
 Full blocks may carry a content hash (``kvmap.kv.prefix``). A freed block whose hash is
 known stays in the free queue with its content intact: a later request with the same
 prefix can take it back (a prefix-cache hit) until it is reallocated for something else
-(least recently freed first), which evicts its hash.
+(least recently freed first), which evicts its hash. That moment -- ``allocate`` taking
+a cached block -- is when its content leaves the pool: if ``on_evict`` is set it is
+called as ``on_evict(block_id, block_hash)`` first, while the content is still intact,
+so that a tiered store (``kvmap.kv.tiers.store``) can keep a copy below the pool.
 
     free queue (LRU order):  [b7 (hash h3)] [b2] [b9 (hash h1)] ...  <- allocate pops left
     hash index:              h1 -> b9, h3 -> b7, h5 -> b4 (b4 in use, refcount 2)
@@ -16,6 +19,7 @@ prefix can take it back (a prefix-cache hit) until it is reallocated for somethi
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 
 class BlockPool:
@@ -33,6 +37,8 @@ class BlockPool:
         self.num_prefix_queries = 0       # blocks looked up
         self.num_prefix_hits = 0          # blocks found
         self.num_evicted_hashes = 0
+        # called with (block_id, hash) just before a cached block is reused for new content
+        self.on_evict: Callable[[int, bytes], object] | None = None
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -53,7 +59,10 @@ class BlockPool:
             raise MemoryError(f"asked for {num_blocks} blocks, {len(self.free_queue)} free")
         out = []
         for _ in range(num_blocks):
-            block_id, _ = self.free_queue.popitem(last=False)
+            block_id = next(iter(self.free_queue))
+            if self.on_evict is not None and self.block_hash[block_id] is not None:
+                self.on_evict(block_id, self.block_hash[block_id])   # pool still consistent
+            del self.free_queue[block_id]
             self._forget_hash(block_id)
             self.ref_counts[block_id] = 1
             out.append(block_id)

@@ -1,4 +1,5 @@
-"""Tier-layout registry: spec-string parts ``tiers(...)`` and ``recompute``."""
+"""Tier-layout registry: spec-string parts ``tiers(...)`` and ``recompute``
+(``layout.py``), looked up by name by ``kvmap.kv.config``."""
 from __future__ import annotations
 
 TIER_PARTS: dict[str, type] = {}
@@ -9,4 +10,6 @@ def register(cls: type) -> type:
     return cls
 
 
-__all__ = ["TIER_PARTS", "register"]
+from kvmap.kv.tiers import layout  # noqa: E402  (registers tiers and recompute)
+
+__all__ = ["TIER_PARTS", "register", "layout"]

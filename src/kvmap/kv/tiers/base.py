@@ -54,7 +54,8 @@ def percentile(values, q: float) -> float:
 @dataclass
 class TierStats:
     """Counters of one tier. Latencies are wall seconds of storage calls: reads of
-    hits, writes of successful puts (the most recent ``LATENCY_WINDOW`` of each)."""
+    hits, writes of successful puts (the most recent ``LATENCY_WINDOW`` of each for the
+    percentiles; ``read_s`` and ``write_s`` total them all)."""
 
     hits: int = 0
     misses: int = 0
@@ -62,6 +63,8 @@ class TierStats:
     evictions: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    read_s: float = 0.0
+    write_s: float = 0.0
     read_latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     write_latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     errors: Counter = field(default_factory=Counter)
@@ -72,10 +75,13 @@ class TierStats:
         return self.hits / lookups if lookups else 0.0
 
     def as_dict(self) -> dict:
-        """A flat record: counters, hit rate, read/write P50 and P99 in seconds."""
-        return {"hits": self.hits, "misses": self.misses, "puts": self.puts,
-                "evictions": self.evictions, "bytes_read": self.bytes_read,
+        """A flat record: counters, hit rate, IO seconds (``io_s`` = reads + writes),
+        read/write P50 and P99 in seconds."""
+        return {"num_hits": self.hits, "num_misses": self.misses, "num_puts": self.puts,
+                "num_evictions": self.evictions, "bytes_read": self.bytes_read,
                 "bytes_written": self.bytes_written, "hit_rate": self.hit_rate,
+                "read_s": self.read_s, "write_s": self.write_s,
+                "io_s": self.read_s + self.write_s,
                 "read_p50_s": percentile(self.read_latencies_s, 50),
                 "read_p99_s": percentile(self.read_latencies_s, 99),
                 "write_p50_s": percentile(self.write_latencies_s, 50),
@@ -154,7 +160,9 @@ class Tier:
         if data is None:
             self.stats.misses += 1
             return None
-        self.stats.read_latencies_s.append(time.perf_counter() - start_s)
+        elapsed_s = time.perf_counter() - start_s
+        self.stats.read_latencies_s.append(elapsed_s)
+        self.stats.read_s += elapsed_s
         self.stats.hits += 1
         self.stats.bytes_read += len(data)
         self.order.touch(key)
@@ -193,7 +201,9 @@ class Tier:
                 self._delete_quietly(key)
             self._notify(evicted)
             return False
-        self.stats.write_latencies_s.append(time.perf_counter() - start_s)
+        elapsed_s = time.perf_counter() - start_s
+        self.stats.write_latencies_s.append(elapsed_s)
+        self.stats.write_s += elapsed_s
         if key in self._sizes:
             self._used_bytes -= self._sizes[key]
         else:

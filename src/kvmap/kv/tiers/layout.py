@@ -1,0 +1,135 @@
+"""The tier-layout parts of a KV spec: ``tiers(...)`` and ``recompute``.
+
+    tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL, redis_size=SIZE,
+          evict=lru|lfu|arc, prefetch=none, fetch=cost|always,
+          host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)
+    recompute
+
+A layout only describes; :class:`kvmap.kv.tiers.store.TieredStore` builds the tiers.
+
+Levels run top-down, host -> disk -> redis, over the ones given (at least one). A block
+that leaves the pool goes to the top level; a level's victims go to the next one down.
+A level's codec defaults to the one above it (the pool's codec for the top level), so
+``tiers(host=1GiB, disk=8GiB, disk_codec=int4)`` keeps host blocks exact and re-encodes
+them to int4 as they move to disk; the accuracy cost is then measured like any codec.
+
+``fetch=cost`` lets the cost model (``cost.py``) choose per request between fetching a
+cached prefix from the tiers and recomputing it; ``fetch=always`` skips the model (tests,
+and measuring the tiers' own cost). ``prefetch`` is reserved for paging a context larger
+than the pool through the tiers, which is not built yet: only ``none`` is accepted.
+
+``recompute`` is the explicit no-tier layout: blocks that leave the pool are gone and
+preempted or missing prefixes are recomputed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kvmap.config import parse_size
+from kvmap.kv import grammar
+from kvmap.kv.codecs import CODECS, Codec
+from kvmap.kv.options import Options
+from kvmap.kv.tiers import register
+from kvmap.kv.tiers.eviction import EVICTION_ORDERS
+
+LEVEL_NAMES = ("host", "disk", "redis")
+PREFETCH_MODES = ("none", "window", "attention")
+FETCH_MODES = ("cost", "always")
+DEFAULT_REDIS_SIZE = "1GiB"
+
+
+@dataclass(frozen=True)
+class TierLevel:
+    """One level of a layout: which tier, how many bytes, which codec (None: the codec
+    of the level above, or the pool's) and the backend's own options."""
+
+    name: str
+    capacity_bytes: int
+    codec: Codec | None = None
+    backend_options: dict = field(default_factory=dict)
+
+
+class Layout(Options):
+    """Base of the tier-layout parts. ``levels`` is empty for no tiers."""
+
+    kind: ClassVar[str] = "tiers"
+    levels: tuple[TierLevel, ...] = ()
+    fetch: str = "cost"
+
+
+@register
+class Recompute(Layout):
+    """No tiers: blocks that leave the pool are dropped; prefixes are recomputed."""
+
+    name = "recompute"
+
+
+@register
+class Tiers(Layout):
+    """Host RAM, local disk and Redis below the pool (see the module docstring)."""
+
+    name = "tiers"
+    defaults = {"host": None, "disk": None, "disk_path": None, "redis": None,
+                "redis_size": None, "evict": "lru", "prefetch": "none", "fetch": "cost",
+                "host_codec": None, "disk_codec": None, "redis_codec": None}
+
+    def validate(self) -> None:
+        o = self.options
+        if o["evict"] not in EVICTION_ORDERS:
+            raise ValueError(f"tiers: evict={o['evict']!r} is not one of "
+                             f"{', '.join(EVICTION_ORDERS)}")
+        if o["prefetch"] not in PREFETCH_MODES:
+            raise ValueError(f"tiers: prefetch={o['prefetch']!r} is not one of "
+                             f"{', '.join(PREFETCH_MODES)}")
+        if o["prefetch"] != "none":
+            raise ValueError(f"tiers: prefetch={o['prefetch']} pages a context larger than "
+                             "the pool through the tiers, which is not built yet; only "
+                             "prefetch=none is accepted")
+        if o["fetch"] not in FETCH_MODES:
+            raise ValueError(f"tiers: fetch={o['fetch']!r} is not one of "
+                             f"{', '.join(FETCH_MODES)}")
+        self.fetch = o["fetch"]
+        for needs, option in (("disk", "disk_path"), ("redis", "redis_size")):
+            if o[option] is not None and o[needs] is None:
+                raise ValueError(f"tiers: {option}={o[option]} is given without {needs}=")
+        redis = o["redis"]
+        if redis is not None and (not isinstance(redis, str) or not redis.startswith(
+                ("redis://", "rediss://", "unix://"))):
+            raise ValueError(f"tiers: redis={redis!r} is not a redis://, rediss:// or "
+                             "unix:// URL")
+        levels = []
+        for name in LEVEL_NAMES:
+            codec = _codec(o[f"{name}_codec"], f"{name}_codec")
+            if o[name] is None:
+                if codec is not None:
+                    raise ValueError(f"tiers: {name}_codec={o[f'{name}_codec']} is given "
+                                     f"without {name}=")
+                continue
+            size = (o["redis_size"] or DEFAULT_REDIS_SIZE) if name == "redis" else o[name]
+            option = "redis_size" if name == "redis" else name
+            capacity = parse_size(size, f"tiers {option}")
+            if capacity <= 0:
+                raise ValueError(f"tiers: {option}={size} must be a positive byte size")
+            backend = ({"directory": o["disk_path"]} if name == "disk" and o["disk_path"]
+                       else {"url": redis} if name == "redis" else {})
+            levels.append(TierLevel(name, capacity, codec, backend))
+        if not levels:
+            raise ValueError("tiers: give at least one of host=, disk=, redis= (or use "
+                             "`recompute` for no tiers)")
+        self.levels = tuple(levels)
+
+
+def _codec(value: Any, option: str) -> Codec | None:
+    """``int4`` or ``int4(granularity=token)`` -> a validated codec; None stays None."""
+    if value is None:
+        return None
+    name, args = ((value.name, value.args) if isinstance(value, grammar.Part)
+                  else (str(value), {}))
+    if name not in CODECS:
+        raise ValueError(f"tiers: {option}={value} is not a codec; one of "
+                         f"{', '.join(sorted(CODECS))}")
+    try:
+        return CODECS[name](**args)
+    except ValueError as e:
+        raise ValueError(f"tiers: {option}={value}: {e}") from None

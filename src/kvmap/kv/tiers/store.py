@@ -1,0 +1,280 @@
+"""The tiered store: the one place where the pool and the tiers meet.
+
+    pool block --demote--> host --victims--> disk --victims--> redis --victims--> gone
+        ^                   |                 |                  |
+        +----- promote -----+-----------------+------------------+    (take_prefix)
+
+Keys are the pool's chained prefix hashes (``kvmap.kv.prefix``): a block is found again
+exactly when a later request shares every token up to the end of that block. Values are
+``serde`` frames of one block, all layers, in the level's codec.
+
+- ``demote(block_id, hash)`` is the pool's ``on_evict``: the pool is about to reuse a
+  cached block, so its tensors are serialized -- re-encoded first when the top level's
+  codec is not the pool's -- and put into the top level. Promoted blocks stay in the
+  tiers (inclusive levels), so a block the top level still holds costs no second write.
+- A level's victims go one level down (``Tier.on_evict``), re-encoded when the codec
+  changes there, e.g. ``disk_codec=int4``.
+- ``take_prefix(hashes, start_block)`` continues a request's pool prefix hit: the run of
+  following blocks that the pool or a tier holds is priced by the cost model (fetch the
+  tiers' part, or recompute it); each fetched frame is checked (CRC, names, dtypes,
+  shapes) before a pool block is allocated, then copied into every layer and registered
+  under its hash, so the pool serves it from then on.
+
+Frames and codec conversion are ``frames.py``'s; this file decides where blocks go.
+
+Faults never escape: a missing, corrupt or mismatched frame, a dead or full Redis, a full
+disk are misses or failed puts, counted by the tier (``TierStats.errors``) or here
+(``stats.errors``), and the blocks not fetched are recomputed. Not thread-safe: the
+engine loop owns it.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvmap.config import ModelConfig
+from kvmap.kv.cache import PagedKVCache
+from kvmap.kv.codecs import Codec
+from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.base import Key, Tier
+from kvmap.kv.tiers.cost import CostModel, matmul_flops_per_s
+from kvmap.kv.tiers.frames import BlockFrames, same_codec
+from kvmap.kv.tiers.layout import Layout, TierLevel
+
+
+@dataclass
+class StoreStats:
+    """What the store did; per-tier hits, misses, bytes and latencies are in each
+    tier's ``TierStats``."""
+
+    num_demoted_blocks: int = 0       # pool blocks written to the top level
+    num_demotes_skipped: int = 0      # ... that the top level already held
+    num_promoted_blocks: int = 0      # tier blocks copied into the pool
+    num_fetched_tokens: int = 0
+    num_recomputed_tokens: int = 0    # tokens a tier held but that were recomputed
+    io_wait_s: float = 0.0            # engine time spent fetching (model idle)
+    demote_s: float = 0.0             # engine time spent demoting
+    errors: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["errors"] = dict(self.errors)
+        return out
+
+
+@dataclass
+class Level:
+    """A tier in the store: its codec and what one of its block frames weighs."""
+
+    tier: Tier
+    codec: Codec
+    frame_bytes: int
+    owned_directory: Path | None = None
+
+
+def make_tier(level: TierLevel, eviction: str) -> Tier:
+    if level.name == "host":
+        from kvmap.kv.tiers.host import HostTier
+        return HostTier(level.capacity_bytes, eviction)
+    if level.name == "disk":
+        from kvmap.kv.tiers.disk import DiskTier
+        return DiskTier(level.capacity_bytes, eviction, **level.backend_options)
+    if level.name == "redis":
+        from kvmap.kv.tiers.redis_tier import RedisTier
+        return RedisTier(level.capacity_bytes, eviction, **level.backend_options)
+    raise ValueError(f"tier level {level.name!r} is not one of host, disk, redis")
+
+
+class TieredStore:
+    """Levels below one paged KV cache, top-down, per ``layout`` (a ``tiers(...)`` part).
+    Installs itself as the pool's ``on_evict`` and as ``kv.tiers`` (so that
+    ``kv.usage().tiers`` reports resident bytes per level); :meth:`close` undoes both."""
+
+    def __init__(self, layout: Layout, kv: PagedKVCache, model_config: ModelConfig) -> None:
+        if not layout.levels:
+            raise ValueError(f"KV layout {layout!r} has no tier levels")
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.frames = BlockFrames(kv)
+        self.stats = StoreStats()
+        self.levels: list[Level] = []
+        codec = kv.codec
+        try:
+            for level in layout.levels:
+                codec = level.codec or codec            # default: the codec of the level above
+                codec.validate_geometry(kv.geom)
+                self.levels.append(self._make_level(level, layout.options.get("evict", "lru"),
+                                                    codec))
+        except BaseException:
+            self.close()
+            raise
+        for i, upper in enumerate(self.levels[:-1]):       # victims go one level down
+            upper.tier.on_evict = (lambda key, data, i=i: self._demote_frame(i, key, data))
+        self.cost = CostModel(model_config, [lv.tier.name for lv in self.levels],
+                              matmul_flops_per_s(kv.compute_dtype, kv.device), layout.fetch)
+        kv.pool.on_evict = self.demote
+        kv.tiers = self
+
+    def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
+        frame_bytes = self.frames.frame_bytes(codec)
+        owned = None
+        if level.name == "disk" and "directory" in level.backend_options:
+            # a directory of our own under the one given: DiskTier clears stale files
+            Path(level.backend_options["directory"]).mkdir(parents=True, exist_ok=True)
+            owned = Path(tempfile.mkdtemp(prefix="kvmap-disk-",
+                                          dir=level.backend_options["directory"]))
+            level = TierLevel(level.name, level.capacity_bytes, level.codec,
+                              {"directory": owned})
+        try:
+            return Level(make_tier(level, eviction), codec, frame_bytes, owned)
+        except BaseException:
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
+            raise
+
+    # ---- demotion ---------------------------------------------------------------------
+    def demote(self, block_id: int, block_hash: bytes) -> None:
+        """The pool is about to reuse cached block ``block_id``: keep a copy in the top
+        level. Never raises for a storage fault (a failed put is counted by the tier)."""
+        top = self.levels[0]
+        if top.tier.contains(block_hash):
+            self.stats.num_demotes_skipped += 1
+            return
+        start_s = time.perf_counter()
+        data = self.frames.encode_pool_block(block_id, top.codec)
+        if top.tier.put(block_hash, data):
+            self.stats.num_demoted_blocks += 1
+        self.stats.demote_s += time.perf_counter() - start_s
+
+    def _demote_frame(self, index: int, key: Key, data: bytes) -> None:
+        """Level ``index``'s victim goes one level down, re-encoded if the codec changes."""
+        upper, lower = self.levels[index], self.levels[index + 1]
+        if not same_codec(upper.codec, lower.codec):
+            try:
+                frame = self.frames.decode(data, upper.codec)
+            except ValueError as e:      # CorruptBlockError or FrameMismatch
+                self.stats.errors["demote_" + _kind(e)] += 1
+                return
+            data = self.frames.transcode(frame, upper.codec, lower.codec)
+        lower.tier.put(key, data)
+
+    # ---- promotion --------------------------------------------------------------------
+    def take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
+        """Continue a prefix hit after the pool's first ``start_block`` blocks.
+
+        ``block_hashes`` are the request's full-block hashes. Returns the ids of the
+        following blocks found, in order, each holding one reference: blocks the pool
+        still caches, and blocks fetched from the tiers (registered under their hash).
+        Stops at the first block held nowhere, where the cost model prefers recompute,
+        at a fetch that fails, or when the pool has no free block."""
+        pool, bs = self.kv.pool, self.block_size
+        hashes = block_hashes[start_block:]
+        plan: list[Level | None] = []               # None: the pool holds it
+        for h in hashes:
+            if h in pool.hash_to_block:
+                plan.append(None)
+                continue
+            level = next((lv for lv in self.levels if lv.tier.contains(h)), None)
+            if level is None:
+                self._count_lookup_miss(h)
+                break
+            plan.append(level)
+        tier_blocks = [(lv.tier.name, lv.frame_bytes) for lv in plan if lv is not None]
+        if tier_blocks and not self.cost.decide(
+                tier_blocks, start_block * bs, (start_block + len(plan)) * bs):
+            first_tier = next(i for i, lv in enumerate(plan) if lv is not None)
+            self.stats.num_recomputed_tokens += (len(plan) - first_tier) * bs
+            plan = plan[:first_tier]
+        taken: list[int] = []
+        start_s = time.perf_counter()
+        for h in hashes[:len(plan)]:
+            if h in pool.hash_to_block:             # still (or again) in the pool
+                taken += pool.lookup([h])
+                continue
+            block_id = self._fetch(h)
+            if block_id is None:
+                break
+            taken.append(block_id)
+        if tier_blocks:
+            self.stats.io_wait_s += time.perf_counter() - start_s
+        self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
+        return taken
+
+    def _fetch(self, block_hash: bytes) -> int | None:
+        """Read ``block_hash`` from the highest level that has it and copy it into a new
+        pool block; None (counted) on a miss, a bad frame or a full pool."""
+        pool = self.kv.pool
+        if pool.num_free == 0:
+            self.stats.errors["pool_full"] += 1
+            return None
+        start_s = time.perf_counter()
+        for level in self.levels:
+            data = level.tier.get(block_hash)   # a level without it: a miss, no I/O
+            if data is not None:
+                break
+        else:
+            return None
+        try:
+            frame = self.frames.decode(data, level.codec)
+        except ValueError as e:                 # CorruptBlockError or FrameMismatch
+            self.stats.errors[_kind(e)] += 1
+            level.tier.delete(block_hash)
+            return None
+        read_s = time.perf_counter() - start_s
+        block_id = pool.allocate(1)[0]          # may demote another cached block
+        start_s = time.perf_counter()
+        self.frames.write_pool_block(block_id, frame, level.codec)
+        pool.register_hash(block_id, block_hash)
+        self.cost.observe_fetch(level.tier.name, len(data),
+                                read_s + time.perf_counter() - start_s)
+        self.stats.num_promoted_blocks += 1
+        self.stats.num_fetched_tokens += self.block_size
+        return block_id
+
+    def _count_lookup_miss(self, block_hash: bytes) -> None:
+        """A block held nowhere: one lookup that misses at every level (no I/O)."""
+        for level in self.levels:
+            level.tier.get(block_hash)
+
+    # ---- reporting and lifetime ----------------------------------------------------------
+    def resident(self) -> dict:
+        """Per level: resident bytes and blocks, capacity."""
+        return {lv.tier.name: {"resident_bytes": lv.tier.used_bytes,
+                               "capacity_bytes": lv.tier.capacity_bytes,
+                               "num_blocks": len(lv.tier)} for lv in self.levels}
+
+    def usage(self) -> dict:
+        """Per level: :meth:`resident`, codec, frame bytes and the tier's stats
+        (``TierStats.as_dict``: hits, misses, bytes, IO seconds, read P50/P99, errors)."""
+        resident = self.resident()
+        return {lv.tier.name: {**resident[lv.tier.name], "codec": repr(lv.codec),
+                               "frame_bytes": lv.frame_bytes, **lv.tier.stats.as_dict()}
+                for lv in self.levels}
+
+    def as_dict(self) -> dict:
+        return {**self.stats.as_dict(), "cost": self.cost.as_dict()}
+
+    def check_integrity(self) -> None:
+        for level in self.levels:
+            level.tier.check_integrity()
+
+    def close(self) -> None:
+        """Empty and release every level; the pool stops demoting. Idempotent."""
+        if self.kv.pool.on_evict == self.demote:
+            self.kv.pool.on_evict = None
+        if self.kv.tiers is self:
+            self.kv.tiers = None
+        for level in self.levels:
+            level.tier.on_evict = None
+            level.tier.close()
+            if level.owned_directory is not None:
+                shutil.rmtree(level.owned_directory, ignore_errors=True)
+        self.levels = []
+
+
+def _kind(e: ValueError) -> str:
+    return "corrupt" if isinstance(e, serde.CorruptBlockError) else "mismatch"
