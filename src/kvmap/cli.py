@@ -104,7 +104,11 @@ def calibrate(
 
 def _register_subcommands() -> None:
     """Each feature package adds its own command(s); cli.py only wires them."""
+    from kvmap.bench.command import register as register_bench
+    from kvmap.evals.command import register as register_eval
     from kvmap.plan.command import register as register_plan
+    register_bench(app)
+    register_eval(app)
     register_plan(app)
 
 

@@ -79,6 +79,11 @@ class Policy(Options):
     def num_recent(self) -> int:
         return self.options.get("recent", 0) or 0
 
+    def num_recent_kept(self, num_keep: int) -> int:
+        """Most recent slots always kept when ``num_keep`` are kept. Default: the
+        ``recent`` option; a policy whose recent span depends on the budget overrides it."""
+        return self.num_recent
+
     # ---- selection -------------------------------------------------------------------
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         """(H, L) scores, higher = keep. Override."""
@@ -93,8 +98,9 @@ class Policy(Options):
         scores = self.score(inputs).float().clone()                      # (H, L)
         forced = torch.zeros(L, dtype=torch.bool)
         forced[: min(self.num_sinks, L)] = True
-        if self.num_recent:
-            forced[max(0, L - self.num_recent):] = True
+        num_recent = self.num_recent_kept(num_keep)
+        if num_recent:
+            forced[max(0, L - num_recent):] = True
         scores[:, forced] = float("inf")
         kept = torch.topk(scores, num_keep, dim=-1).indices
         return kept.sort(dim=-1).values

@@ -1,0 +1,77 @@
+"""The ``kvmap bench`` command: ``register(app)`` adds it to a Typer app.
+
+    kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
+
+No SCENARIO: the built-in default scenario (``--quick``: the built-in quick one). With
+SCENARIO, ``--quick`` shrinks its workloads. ``--out`` names the run directory; giving
+the directory of an interrupted run of the same scenario resumes it. A bad scenario exits
+with code 2 before any cell runs, listing every problem; a run with failed cells exits 1
+after storing and printing everything; Ctrl-C exits 130 and says how to resume.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+
+def bench(
+    scenario: Optional[Path] = typer.Argument(
+        None, help="Scenario YAML; default: the built-in default scenario."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Run directory (default: runs/<scenario>-<time>); an "
+                            "unfinished run of the same scenario there is resumed."),
+    quick: bool = typer.Option(False, "--quick", help="A two-minute version: the built-in "
+                               "quick scenario, or SCENARIO with small workloads."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run directory and one "
+                                 "row per cell with its metrics, as one JSON object."),
+    retry_failed: bool = typer.Option(False, "--retry-failed",
+                                      help="When resuming, run failed cells again."),
+) -> None:
+    """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
+    from kvmap.bench.runner import default_run_dir, run_scenario
+    from kvmap.bench.scenario import load_scenario
+    from kvmap.bench.summary import cell_rows, summary_table
+
+    err = Console(stderr=True)
+    try:
+        parsed = load_scenario(scenario, quick=quick)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    for note in parsed.notes:
+        err.print(f"note: {note}")
+    run_dir = out or default_run_dir(parsed)
+    cells = parsed.cells()
+    err.print(f"scenario {parsed.name!r}: {len(cells)} cells "
+              f"({len(parsed.models)} model(s) x {len(parsed.kv)} KV configs x "
+              f"{len(parsed.workloads)} workloads + {len(parsed.tasks)} tasks) -> {run_dir}")
+    try:
+        result = run_scenario(parsed, run_dir, console=err)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        err.print(f"\ninterrupted; resume with: kvmap bench "
+                  f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}")
+        raise typer.Exit(code=130) from None
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(result.run_dir),
+                               "cells": cell_rows(result.cells)}, default=str))
+    else:
+        out_console = Console()
+        if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
+            out_console = Console(width=200)
+        out_console.print(summary_table(result.cells, title=f"kvmap bench: {parsed.name}"))
+        typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
+                   f"{result.num_skipped} resumed, {result.num_failed} failed, "
+                   f"{result.duration_s:.0f} s)")
+    if result.num_failed:
+        raise typer.Exit(code=1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

@@ -1,0 +1,259 @@
+"""The run directory: everything a report needs, and nothing it has to recompute.
+
+    <run_dir>/
+      run.json            run metadata: schema, scenario (as parsed) and its fingerprint,
+                          seed, git sha, package versions, machine, command, timestamps
+      scenario.yaml       the scenario file as given (built-in ones included)
+      index.sqlite        the run index: table ``run`` (key -> JSON value, as run.json)
+                          and table ``cells`` (one row per cell: status, model, kv,
+                          workload/task, error, and the full cell record as JSON)
+      requests.parquet    every per-request row of every finished workload cell
+      parts/<cell>.parquet  the same rows, one file per cell (written as cells finish;
+                          ``requests.parquet`` is rebuilt from them)
+      logs/<cell>.log     the cell process's output
+
+A cell record is written in one SQLite transaction after its Parquet part, so an
+interrupted run never holds half a cell; ``completed_ids()`` is what a resumed run skips.
+Readers use ``RunStore(run_dir).cells()``, ``.requests()`` and ``.metadata()``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+RUN_SCHEMA = "kvmap.bench.run/1"
+REQUEST_SCHEMA = pa.schema([
+    ("cell_id", pa.string()), ("model", pa.string()), ("kv", pa.string()),
+    ("workload", pa.string()), ("request_id", pa.string()),
+    ("conversation_id", pa.string()), ("turn", pa.int32()),
+    ("scheduled_arrival_s", pa.float64()),      # the workload's offset (None: closed loop)
+    ("arrival_s", pa.float64()), ("first_scheduled_s", pa.float64()),
+    ("finished_s", pa.float64()), ("token_times_s", pa.list_(pa.float64())),
+    ("num_prompt_tokens", pa.int64()), ("num_cached_prompt_tokens", pa.int64()),
+    ("num_output_tokens", pa.int64()), ("num_preemptions", pa.int64()),
+    ("max_tokens", pa.int64()),
+    ("ttft_s", pa.float64()), ("tpot_s", pa.float64()), ("e2e_s", pa.float64()),
+    ("queue_s", pa.float64()), ("tbt_max_s", pa.float64()),
+    ("finish_reason", pa.string()), ("failed", pa.bool_()), ("error", pa.string()),
+    ("expected", pa.string()), ("correct", pa.bool_()), ("needle_depth", pa.float64()),
+    ("output_text", pa.string()),
+])
+_CELL_COLUMNS = ("cell_id", "ordinal", "status", "kind", "model", "dtype", "kv", "workload",
+                 "task", "started_at", "duration_s", "error", "record")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def environment() -> dict:
+    """Git sha, package versions and the machine, for the run's metadata."""
+    import kvmap
+    src = Path(kvmap.__file__).resolve().parent
+    sha = _git(["rev-parse", "HEAD"], src)
+    dirty = _git(["status", "--porcelain", "--untracked-files=no"], src)
+    try:
+        import psutil
+        memory_bytes = psutil.virtual_memory().total
+    except ImportError:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gpu = None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return {
+        "git": {"sha": sha, "dirty": bool(dirty) if sha else None},
+        "versions": {"python": platform.python_version(),
+                     **{p: _version(p) for p in ("kvmap", "torch", "numpy", "pyarrow",
+                                                  "tokenizers", "gguf", "transformers")}},
+        "machine": {"platform": platform.platform(), "arch": platform.machine(),
+                    "cpu": _cpu_model(), "num_cpus": os.cpu_count(),
+                    "memory_bytes": memory_bytes, "gpu": gpu,
+                    "hostname": platform.node()},
+    }
+
+
+class RunStore:
+    """Reads and writes one run directory (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+
+    # ---- paths ---------------------------------------------------------------------
+    @property
+    def run_json(self) -> Path:
+        return self.dir / "run.json"
+
+    @property
+    def index_path(self) -> Path:
+        return self.dir / "index.sqlite"
+
+    @property
+    def requests_path(self) -> Path:
+        return self.dir / "requests.parquet"
+
+    def part_path(self, cell_id: str) -> Path:
+        return self.dir / "parts" / f"{cell_id}.parquet"
+
+    def log_path(self, cell_id: str) -> Path:
+        return self.dir / "logs" / f"{cell_id}.log"
+
+    # ---- creating and resuming ---------------------------------------------------------
+    @classmethod
+    def open_for(cls, run_dir: str | Path, scenario, scenario_text: str,
+                 command: list[str] | None = None) -> tuple[RunStore, bool]:
+        """Create ``run_dir`` for ``scenario``, or reopen it to resume the same scenario.
+
+        Returns ``(store, resumed)``. Raises ``ValueError`` when the directory holds a
+        different scenario or something that is not a kvmap run.
+        """
+        store = cls(run_dir)
+        fingerprint = scenario.fingerprint()
+        if store.run_json.is_file():
+            meta = store.metadata()
+            if meta.get("fingerprint") != fingerprint:
+                raise ValueError(
+                    f"run directory {str(store.dir)!r} holds scenario "
+                    f"{meta.get('scenario', {}).get('name')!r} (fingerprint "
+                    f"{meta.get('fingerprint')}), not this one ({fingerprint}): give another "
+                    "--out, or the same scenario to resume it")
+            meta.setdefault("resumed_at", []).append(_now())
+            store._write_metadata(meta)
+            return store, True
+        if store.dir.exists() and any(store.dir.iterdir()):
+            raise ValueError(f"--out {str(store.dir)!r} exists and is not a kvmap run "
+                             "directory; give a new or empty directory")
+        (store.dir / "parts").mkdir(parents=True, exist_ok=True)
+        (store.dir / "logs").mkdir(exist_ok=True)
+        (store.dir / "scenario.yaml").write_text(scenario_text)
+        meta = {"schema": RUN_SCHEMA, "run_id": store.dir.resolve().name,
+                "created_at": _now(), "seed": scenario.seed, "fingerprint": fingerprint,
+                "scenario": scenario.to_dict(), "command": command or list(sys.argv),
+                **environment()}
+        store._write_metadata(meta)
+        return store, False
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.index_path)
+        conn.execute("CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT)")
+        conn.execute("CREATE TABLE IF NOT EXISTS cells (cell_id TEXT PRIMARY KEY, "
+                     "ordinal INTEGER, status TEXT, kind TEXT, model TEXT, dtype TEXT, "
+                     "kv TEXT, workload TEXT, task TEXT, started_at TEXT, duration_s REAL, "
+                     "error TEXT, record TEXT)")
+        return conn
+
+    def _write_metadata(self, meta: dict) -> None:
+        tmp = self.run_json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str))
+        os.replace(tmp, self.run_json)
+        with self._connect() as conn:
+            conn.executemany("INSERT OR REPLACE INTO run VALUES (?, ?)",
+                             [(k, json.dumps(v, default=str)) for k, v in meta.items()])
+        conn.close()
+
+    def update_metadata(self, **fields) -> None:
+        self._write_metadata({**self.metadata(), **fields})
+
+    # ---- cells ---------------------------------------------------------------------
+    def write_cell(self, record: dict, rows: list[dict], ordinal: int) -> None:
+        """Store one finished cell: its rows (Parquet part) first, then its record."""
+        part = self.part_path(record["cell_id"])
+        if rows:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            tmp = part.with_suffix(".tmp")
+            pq.write_table(requests_table(rows), tmp)
+            os.replace(tmp, part)
+        elif part.exists():
+            part.unlink()
+        values = {**{k: record.get(k) for k in _CELL_COLUMNS}, "ordinal": ordinal,
+                  "record": json.dumps(record)}
+        with self._connect() as conn:
+            conn.execute(f"INSERT OR REPLACE INTO cells ({', '.join(_CELL_COLUMNS)}) "
+                         f"VALUES ({', '.join('?' for _ in _CELL_COLUMNS)})",
+                         [values[c] for c in _CELL_COLUMNS])
+        conn.close()
+
+    def cells(self) -> list[dict]:
+        """Every stored cell record, in scenario order."""
+        if not self.index_path.exists():
+            return []
+        conn = self._connect()
+        try:
+            rows = conn.execute("SELECT record FROM cells ORDER BY ordinal").fetchall()
+        finally:
+            conn.close()
+        return [json.loads(r[0]) for r in rows]
+
+    def completed_ids(self) -> set[str]:
+        return {c["cell_id"] for c in self.cells() if c["status"] == "ok"}
+
+    def metadata(self) -> dict:
+        return json.loads(self.run_json.read_text())
+
+    # ---- per-request rows --------------------------------------------------------------
+    def finalize(self, **fields) -> None:
+        """Rebuild ``requests.parquet`` from the stored cells' parts; update run.json."""
+        ids = [c["cell_id"] for c in self.cells()]
+        tables = [pq.read_table(self.part_path(i), schema=REQUEST_SCHEMA)
+                  for i in ids if self.part_path(i).exists()]
+        table = pa.concat_tables(tables) if tables else REQUEST_SCHEMA.empty_table()
+        tmp = self.requests_path.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.requests_path)
+        cells = self.cells()
+        self.update_metadata(updated_at=_now(),
+                             num_cells_ok=sum(c["status"] == "ok" for c in cells),
+                             num_cells_failed=sum(c["status"] != "ok" for c in cells),
+                             **fields)
+
+    def requests(self) -> pa.Table:
+        """Every per-request row (``REQUEST_SCHEMA``) as a ``pyarrow.Table``."""
+        if not self.requests_path.exists():
+            return REQUEST_SCHEMA.empty_table()
+        return pq.read_table(self.requests_path)
+
+
+def requests_table(rows: list[dict]) -> pa.Table:
+    """Rows as a table of ``REQUEST_SCHEMA`` (missing fields are null, extras dropped)."""
+    names = REQUEST_SCHEMA.names
+    return pa.Table.from_pylist([{k: row.get(k) for k in names} for row in rows],
+                                schema=REQUEST_SCHEMA)

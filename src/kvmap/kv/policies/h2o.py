@@ -1,0 +1,30 @@
+"""``h2o(budget=B, recent=N)``: heavy hitters by accumulated attention, plus recent tokens.
+
+Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large
+Language Models" (NeurIPS 2023). A few tokens collect most of the attention mass; H2O
+keeps those "heavy hitters" -- ranked by the attention each key has received, summed
+over every query so far (prompt and generated) -- together with the ``recent`` newest
+tokens. The paper splits the cache evenly between the two, which is the default here.
+
+Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
+``recent`` -- newest tokens always kept (default: half of the budget).
+Scores are per KV head (the attention of its query heads, summed).
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.kv.policies.base import Policy, ScoreInputs
+
+
+class H2O(Policy):
+    name = "h2o"
+    defaults = {"budget": 0.25, "recent": None}
+    needs_accumulated_attention = True
+
+    def num_recent_kept(self, num_keep: int) -> int:
+        recent = self.options["recent"]
+        return num_keep // 2 if recent is None else recent
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        return inputs.accumulated_attention                                # (H, L)

@@ -1,0 +1,22 @@
+"""``knorm(budget=B)``: keep the keys with the smallest L2 norm.
+
+Devoto et al., "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression"
+(EMNLP 2024): a low key norm goes with high attention, so the norm ranks tokens without
+computing attention at all. Rotary embeddings rotate pairs of channels, so the norm of
+the cached (rotated) key equals that of the raw key.
+
+Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.kv.policies.base import Policy, ScoreInputs
+
+
+class KNorm(Policy):
+    name = "knorm"
+    defaults = {"budget": 0.25}
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        return -inputs.keys.float().norm(dim=-1).T                        # (H, L)

@@ -1,0 +1,28 @@
+"""``tova(budget=B)``: Token Omission Via Attention.
+
+Oren et al., "Transformers are Multi-State RNNs" (2024). When the cache is full, drop
+the token that the newest query attends to least; the attention is averaged over the
+layer's heads, so every head keeps the same tokens. After the prompt the newest query
+is the prompt's last token; during decoding it is the step's token.
+
+The engine evicts a block's worth of tokens at a time (when a sequence has grown one
+block past its budget), ranked by the same newest-query attention, rather than one
+token per step as in the paper.
+
+Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.kv.policies.base import Policy, ScoreInputs
+
+
+class TOVA(Policy):
+    name = "tova"
+    defaults = {"budget": 0.25}
+    needs_window_attention = True      # observation_window is 1: the newest query
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        newest = inputs.window_attention[:, -1]                           # (H, L)
+        return newest.mean(0).expand_as(newest)
