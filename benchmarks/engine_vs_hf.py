@@ -59,8 +59,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                    help="torch threads, the same for both engines")
     args = ap.parse_args()
-    torch.set_num_threads(os.cpu_count() or 2)
+    torch.set_num_threads(args.threads)
     n_prefill, n_decode, n_req, n_in, n_out = (2000, 128, 32, 200, 200)
     if args.quick:
         n_prefill, n_decode, n_req, n_in, n_out = (500, 32, 8, 100, 32)
@@ -120,6 +122,7 @@ def main() -> None:
     metrics["bf16_matmul_gflops"] = peak
     metrics["prefill_fraction_of_matmul_rate"] = prefill_gflops / peak
     path = write_record("engine_vs_hf", {"repeats": args.repeats, "quick": args.quick,
+                                         "threads": args.threads,
                                          "prefill_tokens": n_prefill,
                                          "decode_tokens": n_decode, "requests": n_req,
                                          "prompt_tokens": n_in, "output_tokens": n_out},

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
+from kvmap.model.linear import PackedLinear
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -99,25 +100,25 @@ class LlamaModel(torch.nn.Module):
             a = p + "self_attn."
             in_norm = weights[p + "input_layernorm.weight"].float()
             post_norm = weights[p + "post_attention_layernorm.weight"].float()
-            layer = {
-                "wqkv": _fold(torch.cat([weights[a + "q_proj.weight"],
-                                         weights[a + "k_proj.weight"],
-                                         weights[a + "v_proj.weight"]]), in_norm, dtype,
-                              self.device),                               # ((Hq+2Hkv)D, h)
-                "wo": w[a + "o_proj.weight"],
-                "wgu": _fold(torch.cat([weights[p + "mlp.gate_proj.weight"],
-                                        weights[p + "mlp.up_proj.weight"]]), post_norm, dtype,
-                             self.device),                                # (2F, h)
-                "wdown": w[p + "mlp.down_proj.weight"],
-                "bqkv": None,
-            }
+            bqkv = None
             if config.attention_bias:
-                layer["bqkv"] = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
-                                           w[a + "v_proj.bias"]])
-            self.layers.append(layer)
+                bqkv = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
+                                  w[a + "v_proj.bias"]])
+            self.layers.append({
+                "qkv": PackedLinear(_fold(torch.cat([weights[a + "q_proj.weight"],
+                                                     weights[a + "k_proj.weight"],
+                                                     weights[a + "v_proj.weight"]]),
+                                          in_norm, dtype, self.device), bqkv),
+                "o": PackedLinear(w[a + "o_proj.weight"]),                 # (h, Hq*D)
+                "gate_up": PackedLinear(_fold(torch.cat([
+                    weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]),
+                    post_norm, dtype, self.device)),                       # (2F, h)
+                "down": PackedLinear(w[p + "mlp.down_proj.weight"]),       # (h, F)
+            })
             for name in list(w):   # drop our references to the unfused copies early
                 if name.startswith(p):
                     del w[name]
+        self.head = PackedLinear(self.lm_head)                            # (V, h)
         self.rotary = Rotary(config, self.device)
 
     def _required_names(self) -> list[str]:
@@ -133,10 +134,10 @@ class LlamaModel(torch.nn.Module):
 
     @property
     def weight_bytes(self) -> int:
+        """Bytes of the model's weights (tied embeddings counted once)."""
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        for layer in self.layers:
-            tensors += [t for t in layer.values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        return total + sum(lin.num_bytes for layer in self.layers for lin in layer.values())
 
     def _normed(self, x: torch.Tensor) -> torch.Tensor:
         """RMS-normalize the fp32 residual (T, h) in fp32 (a bf16 normalization flips
@@ -155,19 +156,19 @@ class LlamaModel(torch.nn.Module):
         x = self.embed[input_ids].float()                                 # (T, h) fp32
         cos, sin = self.rotary.tables(positions, self.dtype)
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(self._normed(x), layer["wqkv"], layer["bqkv"])              # (T, (hq+2hkv)d)
+            qkv = layer["qkv"](self._normed(x))              # (T, (hq+2hkv)d)
             qk = self.rotary.apply(qkv[:, :(hq + hkv) * d].view(T, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]                                # (T, hq|hkv, d)
             v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
             attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i)
-            x = x + F.linear(attn, layer["wo"])
-            gu = F.linear(self._normed(x), layer["wgu"])                                # (T, 2F)
+            x = x + layer["o"](attn)
+            gu = layer["gate_up"](self._normed(x))                                # (T, 2F)
             g, u = gu.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, layer["wdown"])
+            x = x + layer["down"](F.silu(g) * u)
         return (F.rms_norm(x, (x.shape[-1],), None, self.config.rms_norm_eps)
                 * self.norm).to(self.dtype)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, h) -> logits (N, V) in fp32."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.head(hidden).float()
