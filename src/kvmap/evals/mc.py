@@ -20,7 +20,6 @@ per-question correctness. ``--samples N`` takes the first N questions.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from kvmap.evals import Task, TaskRun
 from kvmap.evals.ppl import log_probs, token_nll, track_peak_kv_bytes
 from kvmap.evals.stats import paired_delta
 from kvmap.workloads.corpus import encode_text
+from kvmap.workloads.files import jsonl_records, require_file
 
 
 @dataclass(frozen=True)
@@ -88,17 +88,10 @@ def parse_item(record: object, where: str) -> MCItem:
 
 def load_items(path: str | Path) -> list[MCItem]:
     """All items of a JSONL file; ValueError naming the path or the bad line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data file {str(path)!r} does not exist or is not a file")
+    path = require_file(path, "data file")
     items = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+    for line_no, record in jsonl_records(path.read_text(encoding="utf-8").splitlines(),
+                                         lambda n: f"{path}:{n}"):
         items.append(parse_item(record, f"{path}:{line_no}"))
     if not items:
         raise ValueError(f"data file {str(path)!r} has no questions")

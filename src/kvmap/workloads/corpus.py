@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import re
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+
+from kvmap.workloads.files import jsonl_records, require_file
 
 _UNDERLINE = re.compile(r"[*=\-^~+#]{3,}")          # reST heading underline
 _EMPHASIS = re.compile(r"\*+([^*\s][^*]*?)\*+")     # *word* / **word**
@@ -90,19 +91,11 @@ def load_text_file(path: str | Path) -> str:
     Raises ``ValueError`` naming the path for a missing or empty file, and the line
     number for a bad JSONL line.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"corpus file {str(path)!r} does not exist or is not a file")
+    path = require_file(path, "corpus file")
     raw = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".jsonl":
         texts = []
-        for line_no, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+        for line_no, record in jsonl_records(raw.splitlines(), lambda n: f"{path}:{n}"):
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(f"{path}:{line_no}: expected an object with a string "
                                  f"field 'text'")

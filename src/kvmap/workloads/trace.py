@@ -16,11 +16,12 @@ the field.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+from kvmap.workloads.files import jsonl_records, require_file
 
 
 @dataclass(frozen=True)
@@ -68,15 +69,9 @@ def _parse_entry(record: object, where: str, line_no: int) -> TraceEntry:
 def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> list[TraceEntry]:
     """Parse JSONL lines (``source`` names them in errors); sorted by arrival."""
     entries = []
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source} line {line_no}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-        entries.append(_parse_entry(record, where, line_no))
+    locate = lambda n: f"{source} line {n}"  # noqa: E731
+    for line_no, record in jsonl_records(lines, locate):
+        entries.append(_parse_entry(record, locate(line_no), line_no))
     if not entries:
         raise ValueError(f"trace {source!r} has no requests")
     return sorted(entries, key=lambda e: e.arrival_s)
@@ -84,8 +79,6 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> list[Tra
 
 def load_trace(path: str | Path) -> list[TraceEntry]:
     """Read and validate a JSONL trace file; see the module docstring for the format."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"trace file {str(path)!r} does not exist or is not a file")
+    path = require_file(path, "trace file")
     with path.open(encoding="utf-8") as f:
         return parse_trace_lines(f, source=str(path))
