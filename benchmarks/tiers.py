@@ -103,8 +103,7 @@ def run(args) -> dict:
             "ttft_s_by_turn": [statistics.mean(t) for t in ttft[name]],
             "ttft_s_turns_2plus_mean": statistics.mean(later),
             "ttft_s_turns_2plus_median": statistics.median(later),
-            "prefill_tokens_computed": sum(s.num_prefill_tokens
-                                           for s in llm.engine.step_stats),
+            "prefill_tokens_computed": llm.engine.num_prefill_tokens,
             "pool_blocks": usage["num_blocks_total"],
             "pool_prefix_hits": usage["prefix_cache_hits"],
             "tiers": usage.get("tiers", {}),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -25,15 +24,6 @@ from kvmap.engine.sampler import sample
 from kvmap.engine.scheduler import Scheduler
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
-
-
-@dataclass
-class StepStats:
-    num_tokens: int
-    num_decode: int
-    num_prefill_tokens: int
-    num_preempted: int
-    duration_s: float
 
 
 class Engine:
@@ -64,12 +54,11 @@ class Engine:
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
             if self.policy is not None else None
         self.requests: dict[str, Request] = {}
+        self.num_prefill_tokens = 0      # tokens computed in prefill chunks, all steps
         self._ids = itertools.count()
         self.eos_token_ids = set(loaded.config.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
-        self.step_stats: list[StepStats] = []
-        self.num_generated_tokens = 0
 
     def _make_store(self, salt: bytes | None) -> TieredStore | None:
         """The tiers below the pool, if the KV spec has ``tiers(...)``. Blocks are kept
@@ -136,7 +125,6 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One iteration. Returns requests that got a token or finished in this step."""
-        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         touched: list[Request] = []
         for req in batch.unfittable:
@@ -144,19 +132,16 @@ class Engine:
             touched.append(req)
         if not batch.items:
             return touched
-        now = time.perf_counter()
+        run_s = time.perf_counter()
         for req, _ in batch.items:
             if req.metrics.first_scheduled_s is None:
-                req.metrics.first_scheduled_s = now
-        run_s = time.perf_counter()
+                req.metrics.first_scheduled_s = run_s
         out = self.runner.run(batch.items, self.policy)
+        self.num_prefill_tokens += batch.num_tokens - out.meta.num_decode
         if self.store is not None:     # the cost model learns the compute rate
             self.store.cost.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
                                          for r, n in batch.items], time.perf_counter() - run_s)
-        for req, n in batch.items:
-            req.num_computed_tokens += n
-            req.num_kv_slots += n
-            self.scheduler.register_full_blocks(req)
+        self._advance(batch.items)
         if self.policy_runner is not None:
             self.policy_runner.after_step(batch.items, out.meta)
         token_ids = sample(out.logits, out.sampled, self.config.seed) if out.sampled else []
@@ -167,14 +152,18 @@ class Engine:
                 token = req.forced_token_ids.pop(0)
             req.token_ids.append(token)
             req.metrics.token_times_s.append(now)
-            self.num_generated_tokens += 1
             self._check_stop(req, token)
             touched.append(req)
-        num_decode = out.meta.num_decode
-        self.step_stats.append(StepStats(batch.num_tokens, num_decode,
-                                         batch.num_tokens - num_decode, batch.num_preempted,
-                                         now - t0))
         return touched
+
+    def _advance(self, items: list[tuple[Request, int]], register: bool = True) -> None:
+        """After a forward pass: the n tokens of each item are computed and cached; with
+        ``register``, newly full blocks are named in the prefix cache."""
+        for req, n in items:
+            req.num_computed_tokens += n
+            req.num_kv_slots += n
+            if register:
+                self.scheduler.register_full_blocks(req)
 
     def score(self, token_ids: list[int], num_context_tokens: int | None = None
               ) -> torch.Tensor:
@@ -212,9 +201,7 @@ class Engine:
                     raise ValueError(f"{len(token_ids)} tokens do not fit the KV pool")
                 out = self.runner.run(batch.items)
                 chunks.append(self.model.logits(out.hidden))
-                for r, n in batch.items:
-                    r.num_computed_tokens += n
-                    r.num_kv_slots += n
+                self._advance(batch.items, register=False)
         finally:
             self._finish(req, RequestStatus.FINISHED_ABORTED)
             self.requests.pop(req.request_id, None)
