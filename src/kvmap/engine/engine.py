@@ -27,8 +27,12 @@ from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded, kv_config: KVConfig | None = None):
-        """``loaded`` is a ``kvmap.model.loader.LoadedModel`` (config, weights, tokenizer)."""
+    def __init__(self, config: EngineConfig, loaded, kv_config: KVConfig | None = None,
+                 model: LlamaModel | None = None):
+        """``loaded`` is a ``kvmap.model.loader.LoadedModel`` (config, weights, tokenizer).
+        ``model``: an already-built ``LlamaModel`` of the same weights, shared with another
+        engine (the server's adaptive mode runs one engine per KV configuration over one
+        copy of the weights); ``loaded.weights`` is then not used."""
         self.config = config
         self.kv_config = kv_config or KVConfig.parse(config.kv)
         self.dtype = getattr(torch, DTYPES[config.dtype])
@@ -36,7 +40,9 @@ class Engine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_id = loaded.model_id
-        self.model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device)
+        if model is None:
+            model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device)
+        self.model = model
         loaded.weights = None     # the model holds the fused copies now
         cc = config.cache
         self.geom = KVGeometry.of(loaded.config, cc.block_size)
