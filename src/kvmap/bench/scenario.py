@@ -469,29 +469,39 @@ def workload_spec(name: str, options: dict, seed: int = 0):
     return replace(spec, **changes)
 
 
-def _parse_workloads(raw: Any, problems: _Problems, base_dir: Path, seed: int
-                     ) -> list[WorkloadEntry]:
-    from kvmap.workloads.corpus import load_text_file
-    from kvmap.workloads.trace import load_trace
+def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set[str],
+                   problems: _Problems):
+    """Walk a list section of named entries (a bare name or a mapping with a 'name'),
+    recording the problems shared by all such sections; yields (name, mapping, where)."""
     if not isinstance(raw, list):
-        problems.add("workloads", f"{raw!r} must be a list of workloads")
-        return []
-    entries, names = [], set()
+        problems.add(section, f"{raw!r} must be a list of {section}")
+        return
+    names: set[str] = set()
     for i, item in enumerate(raw):
-        where = f"workloads[{i}]"
+        where = f"{section}[{i}]"
         if isinstance(item, str):
             item = {"name": item}
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) \
                 or not item["name"].strip():
-            problems.add(where, f"{item!r} must be a preset name or a mapping with a 'name'")
+            problems.add(where, f"{item!r} must be {short_form} or a mapping with a 'name'")
             continue
         name = item["name"].strip()
-        where = f"workloads[{i}] ({name})"
-        _unknown_keys(item, WORKLOAD_KEYS, where, problems)
+        where = f"{section}[{i}] ({name})"
+        _unknown_keys(item, keys, where, problems)
         if name in names:
-            problems.add(where, f"workload name {name!r} is used twice")
+            problems.add(where, f"{noun} name {name!r} is used twice")
             continue
         names.add(name)
+        yield name, item, where
+
+
+def _parse_workloads(raw: Any, problems: _Problems, base_dir: Path, seed: int
+                     ) -> list[WorkloadEntry]:
+    from kvmap.workloads.corpus import load_text_file
+    from kvmap.workloads.trace import load_trace
+    entries = []
+    for name, item, where in _named_entries(raw, "workloads", "workload", "a preset name",
+                                            WORKLOAD_KEYS, problems):
         options = {k: v for k, v in item.items() if k in WORKLOAD_KEYS and k != "name"}
         bad_file = False
         for key, loader in (("corpus", load_text_file), ("trace", load_trace)):
@@ -521,28 +531,13 @@ def _parse_workloads(raw: Any, problems: _Problems, base_dir: Path, seed: int
 def _parse_tasks(raw: Any, problems: _Problems, notes: list[str], skip: bool,
                  base_dir: Path) -> list[TaskEntry]:
     from kvmap.bench.cell import TaskUnavailable, check_task_params, resolve_task
-    if not isinstance(raw, list):
-        problems.add("tasks", f"{raw!r} must be a list of tasks")
-        return []
-    entries, names = [], set()
-    for i, item in enumerate(raw):
-        where = f"tasks[{i}]"
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            problems.add(where, f"{item!r} must be a task name or a mapping with a 'name'")
-            continue
-        name = item["name"]
-        where = f"tasks[{i}] ({name})"
-        _unknown_keys(item, TASK_KEYS, where, problems)
+    entries = []
+    for name, item, where in _named_entries(raw, "tasks", "task", "a task name", TASK_KEYS,
+                                            problems):
         task, params = item.get("task", name), item.get("params") or {}
         if not isinstance(params, dict):
             problems.add(f"{where}.params", f"{params!r} must be a mapping")
             continue
-        if name in names:
-            problems.add(where, f"task name {name!r} is used twice")
-            continue
-        names.add(name)
         params = {k: str((base_dir / v).expanduser().resolve())
                   if k in TASK_PATH_PARAMS and isinstance(v, str) else v
                   for k, v in params.items()}
