@@ -8,4 +8,5 @@ if [ -f scripts/redis.sh ]; then
   bash scripts/redis.sh start 6390 && export KVMAP_REDIS_URL=redis://127.0.0.1:6390/0
   trap 'bash scripts/redis.sh stop 6390 >/dev/null 2>&1' EXIT
 fi
+bash scripts/chromium.sh    # the report's browser test (tests/report) needs it
 .venv/bin/python -m pytest tests "$@"

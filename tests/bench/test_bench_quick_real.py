@@ -1,25 +1,50 @@
 """`kvmap bench --quick` end to end on the real embedded model: the README's main job in
-its two-minute form, through the real command line. Marked slow (runs in CI)."""
+its two-minute form, through the real command line. Marked slow (runs in CI).
+
+The run is made once per session and shared with tests/report/test_report_browser.py
+(through the session's base temporary directory; the same helper is in both files)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 
-def test_bench_quick_writes_a_complete_run(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
-                           str(out), "--json"], capture_output=True, text=True, timeout=900)
+def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``kvmap bench --quick --json`` once per session (same code in the report test)."""
+    base = tmp_path_factory.getbasetemp()
+    out, saved = base / "kvmap-bench-quick", base / "kvmap-bench-quick.json"
+    if not saved.exists():
+        proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
+                               str(out), "--json"], capture_output=True, text=True,
+                              timeout=900)
+        saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                     "stderr": proc.stderr}))
+    done = json.loads(saved.read_text())
+    return out, subprocess.CompletedProcess([], done["returncode"], done["stdout"],
+                                            done["stderr"])
+
+
+def test_bench_quick_writes_a_complete_run(tmp_path_factory):
+    out, proc = shared_quick_run(tmp_path_factory)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout[proc.stdout.index("{"):])
     rows = result["cells"]
     assert rows and all(r["status"] == "ok" for r in rows), rows
-    for name in ("run.json", "index.sqlite", "requests.parquet"):
+    for name in ("run.json", "index.sqlite", "requests.parquet", "report.html"):
         assert (out / name).exists(), name
     kvs = {r["kv"] for r in rows}
     assert {"bf16", "int8"} <= kvs
+    # the run ends in its trade-off map, with a recommendation for the scenario's SLA
+    assert result["report"] == str(out / "report.html")
+    assert result["recommendation"]["objective"] == "throughput"
+    # the checklist probes ran in every workload cell
+    for r in rows:
+        if r["kind"] == "workload":
+            assert r["metrics"]["probes"]["stability"]["num_tokens"] > 0, r["cell_id"]
+            assert r["metrics"]["probes"]["decode_ops"]["num_ops_per_step"] > 0, r["cell_id"]

@@ -382,6 +382,10 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
         needle_accuracy=sum(judged) / len(judged) if judged else None,
         model_load_s=load_s,
         **_tier_metrics(usage))
+    # For the checklist (kvmap.bench.probes): output stability across batch compositions
+    # and operator launches per decode step; after the workload, so they time nothing.
+    from kvmap.bench.probes import run_probes
+    metrics["probes"] = run_probes(llm, cell.seed)
     return metrics, rows
 
 

@@ -1,0 +1,197 @@
+"""The pre-launch checklist: for each configuration, each item PASS / WARN / FAIL with the
+measured figure and its threshold. An item the run did not measure is a WARN that says
+so (nothing unmeasured passes).
+
+    item                           PASS                 WARN                 FAIL
+    peak KV memory vs budget       <= 80% of budget     <= budget            > budget
+    accuracy drop, per task        <= max drop (and the interval's top too) <= max drop, top above   > max drop
+    output stability               identical tokens     -                    any difference
+    P99 latency within the SLA     every key met        -                    a key missed
+    latency stable over lengths    long/short <= 1.5x   <= 3x                > 3x
+    throughput at target latency   goodput >= 90%       >= 50%               < 50%   (of throughput)
+    storage P99 read < decode step read P99 < 0.5 x TBT P50   < TBT P50      >= TBT P50
+    operator launches per step     <= 1.2x baseline     <= 2x                > 2x
+
+Thresholds are module constants; docs/report.md explains each item.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvmap.config import format_bytes
+from kvmap.report.configs import ConfigSummary
+from kvmap.report.recommend import Constraints, check, fmt
+
+KV_HEADROOM = 0.20
+LENGTH_RATIO_PASS, LENGTH_RATIO_WARN = 1.5, 3.0
+GOODPUT_PASS, GOODPUT_WARN = 0.90, 0.50
+OPS_RATIO_PASS, OPS_RATIO_WARN = 1.2, 2.0
+STORAGE_PASS = 0.5
+STATUSES = ("PASS", "WARN", "FAIL")
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    item: str
+    status: str               # PASS | WARN | FAIL
+    measured: str
+    threshold: str
+
+    def to_dict(self) -> dict:
+        return {"item": self.item, "status": self.status, "measured": self.measured,
+                "threshold": self.threshold}
+
+
+def _grade(value: float, pass_at: float, warn_at: float) -> str:
+    return "PASS" if value <= pass_at else "WARN" if value <= warn_at else "FAIL"
+
+
+def kv_memory_item(c: ConfigSummary, budget_bytes: int | None) -> CheckItem:
+    item = "peak KV memory with headroom under the budget"
+    if budget_bytes is None or c.peak_kv_bytes is None:
+        return CheckItem(item, "WARN", fmt("peak_kv_bytes", c.peak_kv_bytes),
+                         "no budget given" if budget_bytes is None else "-")
+    share = c.peak_kv_bytes / budget_bytes
+    status = _grade(share, 1 - KV_HEADROOM, 1.0)
+    return CheckItem(item, status, f"{format_bytes(c.peak_kv_bytes)} ({share:.0%} of budget)",
+                     f"<= {1 - KV_HEADROOM:.0%} of {format_bytes(budget_bytes)} "
+                     f"({KV_HEADROOM:.0%} headroom)")
+
+
+def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
+    items = []
+    for task in c.tasks.values():
+        item = f"accuracy drop on {task.task}"
+        unit = "perplexity rise" if task.kind == "ppl" else "accuracy points lost"
+        threshold = f"<= {max_drop_pct:g}% ({unit})"
+        if task.failed or task.drop_pct is None:
+            why = "cell failed" if task.failed else "no baseline to compare with"
+            items.append(CheckItem(item, "WARN", f"not measured ({why})", threshold))
+            continue
+        ci = (f" [{task.drop_ci[0]:.2f}, {task.drop_ci[1]:.2f}]"
+              if task.drop_ci and task.drop_ci[0] != task.drop_ci[1] else "")
+        if task.drop_pct > max_drop_pct:
+            status = "FAIL"
+        elif task.drop_ci and task.drop_ci[1] > max_drop_pct:
+            status = "WARN"                  # passes, but the interval reaches past it
+        else:
+            status = "PASS"
+        items.append(CheckItem(item, status, f"{task.drop_pct:.2f}%{ci}", threshold))
+    return items
+
+
+def stability_item(c: ConfigSummary) -> CheckItem:
+    item = "output stability (temperature 0, alone vs in a mixed batch)"
+    s = c.probes.get("stability") if c.probes else None
+    threshold = "identical tokens"
+    if not s:
+        return CheckItem(item, "WARN", "not measured", threshold)
+    n, same = s.get("num_tokens"), s.get("num_identical_prefix")
+    if s.get("identical"):
+        return CheckItem(item, "PASS", f"identical ({n} tokens, {s.get('batch_size')} in "
+                         "the batch)", threshold)
+    return CheckItem(item, "FAIL", f"differs from token {same} of {n}", threshold)
+
+
+def slo_item(c: ConfigSummary, slo: dict) -> CheckItem:
+    item = "P99 latency within the SLA"
+    if not slo:
+        return CheckItem(item, "WARN", "no SLA given", "-")
+    checks = check(c, Constraints(slo=slo))
+    measured = "; ".join(f"{k.label.split(' <=')[0]} {fmt(k.name, k.measured)}"
+                         for k in checks)
+    threshold = "; ".join(k.label for k in checks)
+    return CheckItem(item, "PASS" if all(k.ok for k in checks) else "FAIL", measured,
+                     threshold)
+
+
+def length_stability_item(c: ConfigSummary) -> CheckItem:
+    """Time per output token of the longer half of the requests (prompt + output tokens)
+    against the shorter half, over all workloads of the configuration (P90 of each)."""
+    item = "latency stable across request lengths"
+    threshold = f"long/short TPOT P90 <= {LENGTH_RATIO_PASS:g}x"
+    rows = [r for rs in c.rows.values() for r in rs
+            if not r.get("failed") and r.get("tpot_s")]
+    lengths = [(r.get("num_prompt_tokens") or 0) + (r.get("num_output_tokens") or 0)
+               for r in rows]
+    if len(set(lengths)) < 2:
+        return CheckItem(item, "WARN", "not measured (all requests of one length)",
+                         threshold)
+    cut = float(np.median(lengths))
+    short = [r["tpot_s"] for r, n in zip(rows, lengths) if n <= cut]
+    long = [r["tpot_s"] for r, n in zip(rows, lengths) if n > cut]
+    if not short or not long:
+        return CheckItem(item, "WARN", "not measured (lengths too alike)", threshold)
+    ratio = float(np.percentile(long, 90) / np.percentile(short, 90))
+    return CheckItem(item, _grade(ratio, LENGTH_RATIO_PASS, LENGTH_RATIO_WARN),
+                     f"{ratio:.2f}x (> {cut:.0f} tokens vs <= {cut:.0f})", threshold)
+
+
+def goodput_item(c: ConfigSummary, slo: dict) -> CheckItem:
+    item = "throughput at the target latency"
+    threshold = f"goodput >= {GOODPUT_PASS:.0%} of throughput"
+    if not slo or c.throughput_tok_s is None or c.goodput_tok_s is None:
+        return CheckItem(item, "WARN", "not measured" + ("" if slo else " (no SLA)"),
+                         threshold)
+    share = c.goodput_tok_s / c.throughput_tok_s if c.throughput_tok_s else 0.0
+    status = "PASS" if share >= GOODPUT_PASS else "WARN" if share >= GOODPUT_WARN else "FAIL"
+    return CheckItem(item, status, f"{c.goodput_tok_s:.1f} of {c.throughput_tok_s:.1f} "
+                     f"tok/s ({share:.0%}) on {c.primary_workload}", threshold)
+
+
+def storage_item(c: ConfigSummary) -> CheckItem | None:
+    """None when no tier was used (the item does not apply)."""
+    reads = [(tier, stats.get("read_p99_s")) for tiers in c.tiers.values()
+             for tier, stats in tiers.items() if isinstance(stats, dict)
+             and (stats.get("num_hits") or 0) > 0]
+    reads = [(t, v) for t, v in reads if isinstance(v, (int, float)) and v == v]
+    if not c.tiers:
+        return None
+    item = "storage P99 read latency below the per-token decode time"
+    decode = c.tbt_p50_s
+    threshold = "read P99 < TBT P50" + (f" ({fmt('tbt', decode)})" if decode else "")
+    if not reads or decode is None:
+        return CheckItem(item, "WARN", "not measured (no tier read)", threshold)
+    tier, worst = max(reads, key=lambda tv: tv[1])
+    ratio = worst / decode
+    status = "PASS" if ratio < STORAGE_PASS else "WARN" if ratio < 1.0 else "FAIL"
+    return CheckItem(item, status, f"{worst * 1e3:.2f} ms ({tier}; {ratio:.2f}x TBT P50)",
+                     threshold)
+
+
+def ops_item(c: ConfigSummary, baseline: ConfigSummary | None) -> CheckItem:
+    item = "operator launches per decode step vs the baseline"
+    threshold = f"<= {OPS_RATIO_PASS:g}x baseline"
+    mine = (c.probes.get("decode_ops") or {}).get("num_ops_per_step") if c.probes else None
+    base = ((baseline.probes.get("decode_ops") or {}).get("num_ops_per_step")
+            if baseline is not None and baseline.probes else None)
+    if mine is None:
+        return CheckItem(item, "WARN", "not measured", threshold)
+    if not base:
+        return CheckItem(item, "WARN", f"{mine:.0f} ops (no baseline measured)", threshold)
+    ratio = mine / base
+    return CheckItem(item, _grade(ratio, OPS_RATIO_PASS, OPS_RATIO_WARN),
+                     f"{mine:.0f} ops ({ratio:.2f}x baseline's {base:.0f})", threshold)
+
+
+def checklist(configs: list[ConfigSummary], constraints: Constraints,
+              budget_bytes: int | None = None) -> dict[str, list[CheckItem]]:
+    """Config name -> its items. ``budget_bytes``: the KV budget for the memory item when
+    ``constraints`` gives none (e.g. the scenario's KV pool size)."""
+    baseline = next((c for c in configs if c.is_baseline), None)
+    budget = constraints.kv_budget_bytes or budget_bytes
+    max_drop = (constraints.max_accuracy_drop_pct
+                if constraints.max_accuracy_drop_pct is not None else 1.0)
+    out = {}
+    for c in configs:
+        items = [kv_memory_item(c, budget), *accuracy_items(c, max_drop), stability_item(c),
+                 slo_item(c, constraints.slo), length_stability_item(c),
+                 goodput_item(c, constraints.slo)]
+        storage = storage_item(c)
+        if storage is not None:
+            items.append(storage)
+        items.append(ops_item(c, baseline))
+        out[c.name] = items
+    return out

@@ -1,0 +1,92 @@
+"""``report.html``: the whole report in one self-contained file (Jinja2 template
+``templates/report.html.j2``; every figure a base64 PNG inside the page, no script, no
+external file), so that it opens offline in any browser and can be mailed as is.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import jinja2
+
+from kvmap.report import plots
+from kvmap.report.analysis import Analysis
+from kvmap.report.intervals import METHOD
+from kvmap.report.recommend import fmt
+from kvmap.report.table import metric_rows
+
+REPORT_NAME = "report.html"
+
+
+def _slug(text: str) -> str:
+    """``"long-context (needle)"`` -> ``"long-context-needle"`` (an HTML id)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("kvmap.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
+        lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+def _checklist_matrix(a: Analysis) -> tuple[list[str], list[dict]]:
+    """Items (rows, in first-seen order) x configurations (columns)."""
+    names = list(a.checklist)
+    items: dict[str, dict] = {}
+    for name, checks in a.checklist.items():
+        for item in checks:
+            row = items.setdefault(item.item, {"item": item.item, "cells": {}})
+            row["cells"][name] = item
+    return names, list(items.values())
+
+
+def context(a: Analysis) -> dict:
+    """Everything the template shows (figures drawn here)."""
+    rec = a.recommendation
+    meta = a.run.metadata
+    retrieval = list(dict.fromkeys(t for c in a.configs for t, r in c.tasks.items()
+                                   if r.grid))
+    headers, rows = metric_rows(a.configs, seed=meta.get("seed") or 0)
+    names, checklist_rows = _checklist_matrix(a)
+    env = a.run.cells[0].get("env") or {}
+    figures = {
+        "tradeoff": plots.tradeoff_map(a.configs, rec.choice),
+        "cdfs": plots.latency_cdfs(a.configs),
+        "position": plots.position_latency(a.configs),
+        "tiers": plots.tier_plots(a.configs),
+        "heatmaps": [(_slug(t), plots.retrieval_heatmaps(a.configs, t)) for t in retrieval],
+    }
+    constraints = [check.label for check in next(iter(rec.checks.values()), [])]
+    return {
+        "title": f"kvmap trade-off map: {a.run.name}",
+        "run": {"name": a.run.name, "dir": str(a.run.run_dir),
+                "description": a.run.scenario.get("description") or "",
+                "created_at": meta.get("created_at"), "git": (meta.get("git") or {}),
+                "machine": meta.get("machine") or {}, "versions": meta.get("versions") or {},
+                "command": " ".join(meta.get("command") or []),
+                "num_cells": len(a.run.cells),
+                "failed": [c for c in a.run.cells if c["status"] != "ok"],
+                "load": [c.get("env", {}).get("load_avg_1m_end") for c in a.run.cells],
+                "num_threads": env.get("num_threads")},
+        "recommendation": rec, "recommendation_lines": rec.lines(),
+        "constraints": constraints, "objective": rec.objective,
+        "configs": a.configs, "fmt": fmt, "figures": figures,
+        "checklist_configs": names, "checklist_rows": checklist_rows,
+        "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
+        "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,
+    }
+
+
+def render(a: Analysis) -> str:
+    return _environment().get_template("report.html.j2").render(**context(a))
+
+
+def write_report(a: Analysis, path: str | Path | None = None) -> Path:
+    """Write the report (default ``<run_dir>/report.html``) atomically; returns its path."""
+    out = Path(path) if path is not None else a.run.run_dir / REPORT_NAME
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(render(a), encoding="utf-8")
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,55 @@
+"""Read one run directory into memory: its metadata, cell records and per-request rows.
+
+``load_run(run_dir)`` is the only place the report touches the store; everything after
+works on the returned ``Run``. Rows are plain dicts (``REQUEST_SCHEMA`` fields), grouped
+by cell id, so pure functions can be tested on hand-made rows without Parquet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvmap.bench.store import RunStore
+
+
+@dataclass
+class Run:
+    """A stored run: ``cells`` in scenario order, ``rows_by_cell`` cell id -> request rows."""
+
+    run_dir: Path
+    metadata: dict
+    cells: list[dict]
+    rows_by_cell: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def scenario(self) -> dict:
+        return self.metadata.get("scenario") or {}
+
+    @property
+    def name(self) -> str:
+        return self.scenario.get("name") or self.run_dir.name
+
+    @property
+    def slo(self) -> dict[str, float]:
+        """The scenario's SLA (normalized keys, seconds); empty when it gives none."""
+        return dict(self.scenario.get("slo") or {})
+
+    @property
+    def kv_memory(self) -> str | None:
+        """The scenario's KV pool budget as written (e.g. ``"128MiB"``)."""
+        return (self.scenario.get("engine") or {}).get("kv_memory")
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """The run in ``run_dir``; ``ValueError`` naming the directory when it holds no run."""
+    store = RunStore(run_dir)
+    if not store.run_json.is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a kvmap run directory (no run.json); "
+                         "give the --out directory of a `kvmap bench` run")
+    cells = store.cells()
+    if not cells:
+        raise ValueError(f"run directory {str(run_dir)!r} holds no finished cell yet")
+    rows_by_cell: dict[str, list[dict]] = {}
+    for row in store.requests().to_pylist():
+        rows_by_cell.setdefault(row["cell_id"], []).append(row)
+    return Run(Path(run_dir), store.metadata(), cells, rows_by_cell)

@@ -1,0 +1,251 @@
+"""The sweet spot: the best measured configuration on one objective under the SLA, an
+accuracy budget and an optional KV memory budget.
+
+    recommend(configs, Constraints(slo, max_accuracy_drop_pct=1.0), "throughput")
+
+Every configuration is checked against every constraint (``ConstraintCheck``: measured,
+limit, pass). Among those that pass all, the best on the objective wins:
+
+    throughput  most output tokens/s on the primary workload
+    memory      least peak resident KV bytes
+    latency     least P99 time between tokens on the primary workload
+
+The *binding* constraint is the one that stopped a configuration better on the objective
+than the winner: the best excluded configuration and what it fails. Runners-up are the
+other feasible configurations with what each costs against the winner. With no feasible
+configuration the answer says so and names the closest miss: the configuration whose
+worst relative shortfall ``(measured - limit) / limit`` is the smallest. A constraint no
+configuration has data for (an accuracy budget in a run without accuracy tasks) is
+dropped with a note rather than failing everything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmap.config import format_bytes
+from kvmap.report.configs import ConfigSummary
+
+OBJECTIVES = ("throughput", "memory", "latency")
+_OBJECTIVE = {  # objective -> (attribute, higher is better, label)
+    "throughput": ("throughput_tok_s", True, "throughput"),
+    "memory": ("peak_kv_bytes", False, "peak KV"),
+    "latency": ("tbt_p99_s", False, "P99 TBT"),
+}
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The SLA (normalized keys -> seconds), the accuracy budget in percent (see
+    ``configs``: perplexity rise or accuracy points lost, per task) and a KV byte budget."""
+
+    slo: dict = field(default_factory=dict)
+    max_accuracy_drop_pct: float | None = None
+    kv_budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_accuracy_drop_pct is not None and not self.max_accuracy_drop_pct >= 0:
+            raise ValueError(f"max_accuracy_drop_pct={self.max_accuracy_drop_pct!r} must "
+                             "be >= 0")
+        if self.kv_budget_bytes is not None and not self.kv_budget_bytes > 0:
+            raise ValueError(f"kv_budget_bytes={self.kv_budget_bytes!r} must be > 0")
+
+
+@dataclass(frozen=True)
+class ConstraintCheck:
+    name: str                 # "ttft_p99_s", "accuracy_drop", "kv_budget"
+    label: str                # human form: "TTFT P99 <= 2 s"
+    measured: float | None
+    limit: float
+    ok: bool
+
+    @property
+    def shortfall(self) -> float:
+        """How far past the limit, relative to it (0 when met, inf when not measured)."""
+        if self.measured is None:
+            return float("inf")
+        if self.ok:
+            return 0.0
+        return (self.measured - self.limit) / self.limit if self.limit else self.measured
+
+    def describe(self) -> str:
+        return f"{self.label}: {fmt(self.name, self.measured)} (limit {fmt(self.name, self.limit)})"
+
+
+@dataclass(frozen=True)
+class RunnerUp:
+    name: str
+    costs: str                # what choosing it instead of the winner costs
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    objective: str
+    constraints: Constraints
+    choice: str | None
+    binding: str | None                           # explanation; None when nothing binds
+    binding_constraints: tuple[str, ...]
+    runners_up: tuple[RunnerUp, ...]
+    checks: dict                                  # config name -> [ConstraintCheck]
+    closest_miss: str | None
+    notes: tuple[str, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return self.choice is not None
+
+    def lines(self) -> list[str]:
+        """The answer in plain sentences, for the terminal and the report."""
+        obj = _OBJECTIVE[self.objective][2]
+        out = []
+        if self.choice is not None:
+            out.append(f"Recommended: {self.choice} (objective: {self.objective}, "
+                       f"best {obj} among the configurations that meet every constraint).")
+            out.append(f"Binding constraint: {self.binding}" if self.binding else
+                       f"No constraint binds: {self.choice} is the best on {obj} among "
+                       "all measured configurations.")
+            for r in self.runners_up:
+                out.append(f"Runner-up {r.name}: {r.costs}.")
+        else:
+            out.append("No measured configuration meets the SLA and the budgets.")
+            if self.closest_miss is not None:
+                missed = [c.describe() for c in self.checks[self.closest_miss] if not c.ok]
+                out.append(f"Closest miss: {self.closest_miss}, which misses "
+                           + "; ".join(missed) + ".")
+        out.extend(f"Note: {n}" for n in self.notes)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"objective": self.objective, "feasible": self.feasible,
+                "choice": self.choice, "binding": self.binding,
+                "binding_constraints": list(self.binding_constraints),
+                "runners_up": [{"name": r.name, "costs": r.costs} for r in self.runners_up],
+                "closest_miss": self.closest_miss, "notes": list(self.notes),
+                "constraints": {"slo": self.constraints.slo,
+                                "max_accuracy_drop_pct": self.constraints.max_accuracy_drop_pct,
+                                "kv_budget_bytes": self.constraints.kv_budget_bytes},
+                "checks": {name: [{"name": c.name, "label": c.label, "measured": c.measured,
+                                   "limit": c.limit, "ok": c.ok} for c in checks]
+                           for name, checks in self.checks.items()},
+                "text": self.lines()}
+
+
+def fmt(name: str, value: float | None) -> str:
+    """A measured or limit value in its unit."""
+    if value is None:
+        return "not measured"
+    if name == "kv_budget" or name == "peak_kv_bytes":
+        return format_bytes(value)
+    if name == "accuracy_drop":
+        return f"{value:.2f}%"
+    if name == "throughput_tok_s":
+        return f"{value:.1f} tok/s"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _slo_label(key: str) -> str:
+    parts = key[:-2].split("_")                       # "ttft_p99_s" -> ["ttft", "p99"]
+    metric = parts[0].upper()
+    stat = parts[1].upper() if len(parts) > 1 else "P99 of requests"
+    return f"{metric} {stat}"
+
+
+def check(config: ConfigSummary, constraints: Constraints,
+          dropped: set[str] = frozenset()) -> list[ConstraintCheck]:
+    """Every constraint against one configuration (``dropped``: names not checked)."""
+    out = []
+    for key, limit in constraints.slo.items():
+        measured = config.measure(key)
+        out.append(ConstraintCheck(key, f"{_slo_label(key)} <= {fmt(key, limit)}", measured,
+                                   limit, measured is not None and measured <= limit))
+    if constraints.max_accuracy_drop_pct is not None and "accuracy_drop" not in dropped:
+        limit = constraints.max_accuracy_drop_pct
+        measured = 0.0 if config.is_baseline and config.accuracy_drop_pct is None \
+            else config.accuracy_drop_pct
+        out.append(ConstraintCheck("accuracy_drop", f"accuracy drop <= {limit:g}%", measured,
+                                   limit, measured is not None and measured <= limit))
+    if constraints.kv_budget_bytes is not None:
+        limit = constraints.kv_budget_bytes
+        out.append(ConstraintCheck("kv_budget", f"peak KV <= {format_bytes(limit)}",
+                                   config.peak_kv_bytes, limit,
+                                   config.peak_kv_bytes is not None
+                                   and config.peak_kv_bytes <= limit))
+    return out
+
+
+def _objective_sort_key(config: ConfigSummary, objective: str):
+    attr, higher, _ = _OBJECTIVE[objective]
+    value = getattr(config, attr)
+    if value is None:
+        return (1, 0.0)
+    return (0, -value if higher else value)
+
+
+def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str) -> str:
+    """What ``other`` costs against ``winner``, objective first."""
+    parts = []
+    order = [objective] + [o for o in OBJECTIVES if o != objective]
+    for obj in order:
+        attr, _, label = _OBJECTIVE[obj]
+        a, b = getattr(other, attr), getattr(winner, attr)
+        if a is None or b is None:
+            continue
+        if obj == "throughput":
+            parts.append(f"{_pct(a, b)} throughput ({a:.1f} vs {b:.1f} tok/s)")
+        elif obj == "memory":
+            sign = "+" if a >= b else "-"
+            parts.append(f"{sign}{format_bytes(abs(a - b))} peak KV ({_pct(a, b)})")
+        else:
+            parts.append(f"P99 TBT {(a - b) * 1000:+.0f} ms")
+    a, b = other.accuracy_drop_pct, winner.accuracy_drop_pct
+    if a is not None and b is not None:
+        parts.append(f"accuracy drop {a - b:+.2f} points ({a:.2f}% vs {b:.2f}%)")
+    return ", ".join(parts) if parts else "no comparable figures"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100.0 * (a - b) / b:+.0f}%" if b else "n/a"
+
+
+def recommend(configs: list[ConfigSummary], constraints: Constraints,
+              objective: str = "throughput", num_runners_up: int = 3) -> Recommendation:
+    """The sweet spot among ``configs`` (see the module docstring)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    notes, dropped = [], set()
+    usable = [c for c in configs if c.num_failed < c.num_cells or c.num_cells == 0]
+    for c in configs:
+        if c not in usable:
+            notes.append(f"{c.name}: every cell failed; not considered")
+    if constraints.max_accuracy_drop_pct is not None and not any(
+            c.accuracy_drop_pct is not None for c in usable):
+        dropped.add("accuracy_drop")
+        notes.append("no configuration has an accuracy drop measured (no accuracy task "
+                     "against the baseline in this run): the accuracy budget was not checked")
+    for key in constraints.slo:
+        if not any(c.measure(key) is not None for c in usable):
+            notes.append(f"{key}: no workload measured it; every configuration fails it")
+    checks = {c.name: check(c, constraints, dropped) for c in usable}
+    ranked = sorted(usable, key=lambda c: _objective_sort_key(c, objective))
+    feasible = [c for c in ranked if all(k.ok for k in checks[c.name])]
+    if not feasible:
+        closest = min(usable, key=lambda c: (max((k.shortfall for k in checks[c.name]),
+                                                 default=0.0),
+                                             _objective_sort_key(c, objective)),
+                      default=None)
+        return Recommendation(objective, constraints, None, None, (), (), checks,
+                              closest.name if closest else None, tuple(notes))
+    winner = feasible[0]
+    better = ranked[:ranked.index(winner)]
+    binding, names = None, ()
+    if better:
+        blocked = better[0]
+        failed = [k for k in checks[blocked.name] if not k.ok]
+        names = tuple(k.name for k in failed)
+        attr, _, label = _OBJECTIVE[objective]
+        binding = (" and ".join(k.label for k in failed) + f" -- {blocked.name} would "
+                   f"give {label} {fmt(attr, getattr(blocked, attr))} but measures "
+                   + "; ".join(f"{fmt(k.name, k.measured)}" for k in failed))
+    runners = tuple(RunnerUp(c.name, _costs(c, winner, objective))
+                    for c in feasible[1:1 + num_runners_up])
+    return Recommendation(objective, constraints, winner.name, binding, names, runners,
+                          checks, None, tuple(notes))

@@ -1,0 +1,86 @@
+"""The report in the terminal: the trade-off summary, the recommendation and the
+checklist of the recommended configuration (or of every configuration), as rich tables."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from kvmap.config import format_bytes
+from kvmap.report.analysis import Analysis
+from kvmap.report.pareto import pareto_front
+
+_STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
+
+
+def tradeoff_table(a: Analysis) -> Table:
+    """One row per configuration: the map's four axes, and whether it is on each front."""
+    cs = a.configs
+    mem_front = set(pareto_front([(c.peak_kv_bytes, c.accuracy_drop_pct if c.accuracy_drop_pct
+                                   is not None else (0.0 if c.is_baseline else None))
+                                  for c in cs]))
+    speed_front = set(pareto_front([(c.tbt_p99_s, c.throughput_tok_s) for c in cs],
+                                   minimize_y=False))
+    wl = next((c.primary_workload for c in cs if c.primary_workload), "-")
+    table = Table(title=f"trade-off map: {a.run.name}", title_justify="left",
+                  header_style="bold")
+    for header in ("KV config", "peak KV", "accuracy drop", f"tok/s ({wl})",
+                   f"P99 TBT ms ({wl})", "Pareto front"):
+        table.add_column(header, justify="left" if header in ("KV config", "Pareto front")
+                         else "right")
+    for i, c in enumerate(cs):
+        fronts = [name for name, s in (("memory/accuracy", mem_front),
+                                        ("speed/latency", speed_front)) if i in s]
+        name = c.name + (" *" if c.name == a.recommendation.choice else "")
+        table.add_row(name, "-" if c.peak_kv_bytes is None else format_bytes(c.peak_kv_bytes),
+                      "-" if c.accuracy_drop_pct is None else f"{c.accuracy_drop_pct:.2f}%",
+                      "-" if c.throughput_tok_s is None else f"{c.throughput_tok_s:.1f}",
+                      "-" if c.tbt_p99_s is None else f"{c.tbt_p99_s * 1000:.0f}",
+                      ", ".join(fronts) or "-")
+    return table
+
+
+def recommendation_text(a: Analysis) -> Text:
+    rec = a.recommendation
+    lines = rec.lines()
+    text = Text()
+    for i, line in enumerate(lines):
+        style = ("bold green" if rec.feasible else "bold red") if i == 0 else ""
+        text.append(line + "\n", style=style)
+    return text
+
+
+def checklist_table(a: Analysis, config: str | None = None) -> Table:
+    """The checklist of ``config`` (default: the recommended one, else the closest miss)."""
+    name = config or a.recommendation.choice or a.recommendation.closest_miss \
+        or next(iter(a.checklist))
+    table = Table(title=f"pre-launch checklist: {name}", title_justify="left",
+                  header_style="bold")
+    for header in ("item", "status", "measured", "threshold"):
+        table.add_column(header, overflow="fold")
+    for item in a.checklist[name]:
+        table.add_row(item.item, f"[{_STYLE[item.status]}]{item.status}[/]", item.measured,
+                      item.threshold)
+    return table
+
+
+def summary(a: Analysis) -> Group:
+    return Group(tradeoff_table(a), recommendation_text(a), checklist_table(a))
+
+
+def constraint_table(a: Analysis) -> Table:
+    """Every configuration against every constraint (measured value, red when missed)."""
+    from kvmap.report.recommend import fmt
+    rec = a.recommendation
+    labels = [k.label for k in next(iter(rec.checks.values()), [])]
+    table = Table(title="constraints", title_justify="left", header_style="bold")
+    table.add_column("KV config")
+    for label in labels:
+        table.add_column(label, justify="right")
+    table.add_column("all met")
+    for name, checks in rec.checks.items():
+        ok = all(k.ok for k in checks)
+        table.add_row(name + (" *" if name == rec.choice else ""),
+                      *[f"[{'green' if k.ok else 'red'}]{fmt(k.name, k.measured)}[/]"
+                        for k in checks], "[green]yes[/]" if ok else "[red]no[/]")
+    return table
