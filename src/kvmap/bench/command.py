@@ -1,7 +1,10 @@
 """The ``kvmap bench`` command: ``register(app)`` adds it to a Typer app.
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
+                [--backend local|ray] [--address ADDR]
 
+The run ends in its trade-off map: ``<run dir>/report.html`` and, in the terminal, the
+summary, the recommendation for the scenario's SLA and its checklist (``kvmap report``).
 No SCENARIO: the built-in default scenario (``--quick``: the built-in quick one). With
 SCENARIO, ``--quick`` shrinks its workloads. ``--out`` names the run directory; giving
 the directory of an interrupted run of the same scenario resumes it. A bad scenario exits
@@ -30,6 +33,12 @@ def bench(
                                  "row per cell with its metrics, as one JSON object."),
     retry_failed: bool = typer.Option(False, "--retry-failed",
                                       help="When resuming, run failed cells again."),
+    backend: str = typer.Option("local", "--backend", help="Where cells run: local (one "
+                                "process at a time, here) or ray (Ray tasks; needs "
+                                "Ray, the optional 'ray' extra of kvmap)."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --backend ray: "
+                                          "an existing Ray cluster (default: start Ray "
+                                          "on this machine)."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
@@ -50,27 +59,54 @@ def bench(
               f"({len(parsed.models)} model(s) x {len(parsed.kv)} KV configs x "
               f"{len(parsed.workloads)} workloads + {len(parsed.tasks)} tasks) -> {run_dir}")
     try:
-        result = run_scenario(parsed, run_dir, console=err)
+        result = run_scenario(parsed, run_dir, console=err, backend=backend,
+                              address=address)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt:
         err.print(f"\ninterrupted; resume with: kvmap bench "
-                  f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}")
+                  f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"
+                  f"{' --backend ' + backend if backend != 'local' else ''}"
+                  f"{' --address ' + address if address else ''}")
         raise typer.Exit(code=130) from None
+    analysis, report_path = _tradeoff_map(result.run_dir, err)
     if as_json:
         typer.echo(json.dumps({"run_dir": str(result.run_dir),
+                               "report": str(report_path) if report_path else None,
+                               "recommendation": analysis.recommendation.to_dict()
+                               if analysis else None,
                                "cells": cell_rows(result.cells)}, default=str))
     else:
         out_console = Console()
         if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
             out_console = Console(width=200)
         out_console.print(summary_table(result.cells, title=f"kvmap bench: {parsed.name}"))
+        if analysis is not None:
+            from kvmap.report.terminal import summary
+            out_console.print(summary(analysis))
         typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
                    f"{result.num_skipped} resumed, {result.num_failed} failed, "
                    f"{result.duration_s:.0f} s)")
-    if result.num_failed:
+        if report_path is not None:
+            typer.echo(f"trade-off map: {report_path}")
+    if result.num_failed or analysis is None:
         raise typer.Exit(code=1)
+
+
+def _tradeoff_map(run_dir: Path, err: Console):
+    """The run's trade-off map (``kvmap report`` with the scenario's SLA): the analysis and
+    the path of ``report.html``, or ``(None, None)`` after saying why it failed."""
+    from kvmap.report.analysis import analyze
+    from kvmap.report.html import write_report
+    from kvmap.report.loader import load_run
+    try:
+        analysis = analyze(load_run(run_dir))
+        return analysis, write_report(analysis)
+    except Exception as e:  # noqa: BLE001 -- the run is stored; say so and exit 1
+        err.print(f"error: the trade-off map failed ({type(e).__name__}: {e}); the run is "
+                  f"stored, retry with: kvmap report {run_dir}")
+        return None, None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,38 +1,35 @@
 """Run every cell of a scenario, each in its own process, into a run directory.
 
-``run_scenario(scenario, run_dir)`` walks ``scenario.cells()`` in order:
+``run_scenario(scenario, run_dir, backend=...)`` takes ``scenario.cells()`` in order:
 
 - a cell already stored in ``run_dir`` is skipped (resume); ``retry_failed=True`` reruns
   the ones stored as failed;
-- each other cell runs as ``python -m kvmap.bench.cell`` (so its peak memory is its own),
-  with the cell's ``timeout_s``; its record and rows are stored as soon as it ends;
-- a cell that fails -- an exception, a crash, a timeout -- is stored as failed with its
-  error, and the run goes on;
-- Ctrl-C kills the running cell, stores nothing for it, and re-raises
+- the others go to a backend (``kvmap.bench.backends``): ``local`` runs them one at a time
+  here, ``ray`` as Ray tasks, many at once, here or on a cluster. Either way a cell runs
+  as ``python -m kvmap.bench.cell`` (so its peak memory is its own) with the cell's
+  ``timeout_s``, and its record and rows are stored here as soon as it ends;
+- a cell that fails -- an exception, a crash, a timeout, a lost Ray task -- is stored as
+  failed with its error, and the run goes on;
+- Ctrl-C kills the running cell(s), stores nothing for them, and re-raises
   ``KeyboardInterrupt``: the same command with the same ``--out`` resumes.
 
 Progress: one bar over the cells with an ETA, one bar for the running cell (its fraction
-of requests done). The ETA assumes a cell costs what finished cells of the same workload
-or task cost (cells run KV config by KV config, so it is right after the first one).
+of requests done; local backend only). The ETA assumes a cell costs what finished cells of
+the same workload or task cost (cells run KV config by KV config, so it is right after the
+first one), divided among the cells the backend runs at once.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                            TextColumn, TimeElapsedColumn)
 
-from kvmap.bench.cell import PROGRESS_PREFIX, RECORD_SCHEMA
+from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunStore
 
@@ -63,8 +60,9 @@ def _fmt_s(seconds: float | None) -> str:
 class _Eta:
     """Remaining time: each cell costs the mean of finished cells of its job (else of all)."""
 
-    def __init__(self, cells: list[CellSpec]):
+    def __init__(self, cells: list[CellSpec], parallelism: int = 1):
         self.remaining = list(cells)
+        self.parallelism = max(1, parallelism)
         self.durations: dict[str, list[float]] = {}
 
     def finished(self, cell: CellSpec, duration_s: float) -> None:
@@ -82,107 +80,42 @@ class _Eta:
         for cell in self.remaining:
             ds = self.durations.get(cell.job) or every
             total += sum(ds) / len(ds)
-        return max(0.0, total - running_s)
-
-
-def _failed_record(cell: CellSpec, error: str, duration_s: float) -> dict:
-    return {"schema": RECORD_SCHEMA, "cell_id": cell.cell_id, "kind": cell.kind,
-            "model": cell.model.name, "dtype": cell.model.dtype, "kv": cell.kv,
-            "workload": cell.workload.name if cell.workload else None,
-            "task": cell.task.name if cell.task else None,
-            "params": cell.workload.options if cell.workload else cell.task.params,
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "status": "failed", "error": error, "warnings": [], "metrics": {},
-            "details": {}, "duration_s": duration_s}
-
-
-def _child_env() -> dict:
-    """The cell process imports what this one does (``module:function`` tasks included).
-
-    ``OMP_WAIT_POLICY=PASSIVE`` (unless set): OpenMP threads that spin at barriers are a
-    disaster on a shared machine -- with one core busy elsewhere, a 2-thread torch ran a
-    long-context cell 5-10x slower than 1 thread; passive waiting ran it as fast as 1
-    thread there, and keeps both threads' worth on an idle machine."""
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
-def run_cell_process(cell: CellSpec, store: RunStore, on_fraction=lambda f: None,
-                     python: str = sys.executable) -> tuple[dict, list[dict]]:
-    """Run one cell in a child process; ``(record, rows)``. Never raises for a cell
-    failure; ``KeyboardInterrupt`` kills the child and propagates."""
-    work = store.dir / ".work"
-    work.mkdir(exist_ok=True)
-    cell_path, result_path = work / f"{cell.cell_id}.cell.json", work / f"{cell.cell_id}.out.json"
-    cell_path.write_text(json.dumps(cell.to_dict()))
-    result_path.unlink(missing_ok=True)
-    log_path = store.log_path(cell.cell_id)
-    log_path.parent.mkdir(exist_ok=True)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([python, "-m", "kvmap.bench.cell", str(cell_path),
-                                 str(result_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=_child_env())
-
-        def pump() -> None:               # progress lines -> callback, the rest -> log
-            for line in proc.stdout:
-                if line.startswith(PROGRESS_PREFIX):
-                    try:
-                        on_fraction(json.loads(line[len(PROGRESS_PREFIX):])["fraction"])
-                    except (ValueError, KeyError):
-                        pass
-                else:
-                    log.write(line)
-                    log.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            while proc.poll() is None:
-                if cell.timeout_s is not None and time.perf_counter() - t0 > cell.timeout_s:
-                    proc.kill()
-                    timed_out = True
-                    break
-                time.sleep(0.1)
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        reader.join(timeout=5)
-    duration_s = time.perf_counter() - t0
-    cell_path.unlink(missing_ok=True)
-    if timed_out:
-        result_path.unlink(missing_ok=True)
-        return _failed_record(cell, f"timed out after {cell.timeout_s:g} s (cell_timeout_s)",
-                              duration_s), []
-    if proc.returncode == 0 and result_path.is_file():
-        result = json.loads(result_path.read_text())
-        result_path.unlink()
-        return result["record"], result["rows"]
-    tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:]).strip()
-    return _failed_record(cell, f"cell process exited with code {proc.returncode}"
-                                f"{': ' + tail if tail else ''}", duration_s), []
+        return max(0.0, total / min(self.parallelism, max(1, len(self.remaining)))
+                   - running_s)
 
 
 def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  console: Console | None = None, retry_failed: bool = False,
-                 show_progress: bool = True, command: list[str] | None = None) -> RunResult:
-    """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring."""
+                 show_progress: bool = True, command: list[str] | None = None,
+                 backend: str | CellBackend = "local", address: str | None = None
+                 ) -> RunResult:
+    """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
+
+    ``backend``: ``"local"`` (each cell in its own process here, one at a time),
+    ``"ray"`` (cells as Ray tasks; ``address`` names an existing cluster), or a
+    ``CellBackend``. ``ValueError`` -- before anything is stored -- for a backend that
+    cannot run the scenario's cells."""
     t_start = time.perf_counter()
     console = console or Console(stderr=True)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(scenario)
-    store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     cells = scenario.cells()
+    if backend == "local" and not address:
+        backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
+    elif isinstance(backend, str):
+        backend = make_backend(backend, address)
+    backend.open(cells)
+    with backend:
+        return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
+                          show_progress, command, t_start)
+
+
+def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
+               backend: CellBackend, console: Console, retry_failed: bool,
+               show_progress: bool, command: list[str] | None, t_start: float) -> RunResult:
+    store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     stored = {c["cell_id"]: c for c in store.cells()}
     skip = {cid for cid, c in stored.items() if c["status"] == "ok" or not retry_failed}
-    eta = _Eta(cells)
+    eta = _Eta(cells, backend.parallelism)
     for cell in cells:
         if cell.cell_id in skip:
             eta.skipped(cell)
@@ -190,6 +123,8 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     if resumed:
         console.print(f"resuming {run_dir}: {len(cells) - len(todo)} of {len(cells)} cells "
                       "already done")
+    if backend.name != "local":
+        console.print(f"backend {backend.name}: {_describe(backend.describe())}")
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("ETA {task.fields[eta]}"), console=console,
@@ -202,40 +137,44 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
             overall = progress.add_task("cells", total=len(cells),
                                         completed=len(cells) - len(todo), eta="?")
             current = progress.add_task("", total=1.0, eta="", visible=False)
-            for n, (ordinal, cell) in enumerate(todo, start=1):
-                label = f"{cell.kv} | {cell.job}"
-                t_cell = time.perf_counter()
-                progress.update(current, description=label, completed=0.0, visible=True)
+            started: dict[str, float] = {}
 
-                def on_fraction(f: float, t_cell=t_cell) -> None:
-                    progress.update(current, completed=min(1.0, f))
-                    progress.update(overall, eta=_fmt_s(eta.seconds(
-                        time.perf_counter() - t_cell)))
+            def on_fraction(cell: CellSpec, f: float) -> None:
+                if cell.cell_id not in started:            # a cell starts: its own bar
+                    started[cell.cell_id] = time.perf_counter()
+                    progress.update(current, description=_label(cell), completed=0.0,
+                                    visible=True)
+                progress.update(current, completed=min(1.0, f))
+                progress.update(overall, eta=_fmt_s(eta.seconds(
+                    time.perf_counter() - started[cell.cell_id])))
 
-                try:
-                    record, rows = run_cell_process(cell, store, on_fraction)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # noqa: BLE001 -- the runner itself hit a problem
-                    record = _failed_record(cell, f"{type(e).__name__}: {e}\n"
-                                            f"{traceback.format_exc(limit=4)}",
-                                            time.perf_counter() - t_cell)
-                    rows = []
-                store.write_cell(record, rows, ordinal)
+            t_run = time.perf_counter()
+            for n, result in enumerate(backend.run(todo, store, on_fraction), start=1):
+                cell, record, rows = result.cell, result.record, result.rows
+                if result.node is not None:
+                    record.setdefault("env", {}).update(backend=backend.name,
+                                                        node=result.node)
+                if result.log is not None:
+                    log_path = store.log_path(cell.cell_id)
+                    log_path.parent.mkdir(exist_ok=True)
+                    log_path.write_text(result.log)
+                store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
+                t_cell = started.pop(cell.cell_id, t_run)
                 eta.finished(cell, record.get("duration_s") or time.perf_counter() - t_cell)
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
                 mark = "[green]ok[/]" if record["status"] == "ok" else "[red]FAILED[/]"
                 remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
+                where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 console.print(f"[{len(cells) - len(todo) + n}/{len(cells)}] {mark} "
-                              f"{cell.model.name} | {label} "
-                              f"({_fmt_s(record.get('duration_s'))}{remaining})")
+                              f"{cell.model.name} | {_label(cell)} "
+                              f"({_fmt_s(record.get('duration_s'))}{where}{remaining})")
                 if record["status"] != "ok":
                     console.print(f"    [red]{str(record['error']).splitlines()[0][:300]}[/]"
                                   f"  (log: {store.log_path(cell.cell_id)})")
             progress.update(current, visible=False)
     finally:
-        store.finalize(interrupted=num_ran < len(todo))
+        store.finalize(interrupted=num_ran < len(todo), backend=backend.describe())
         try:
             (store.dir / ".work").rmdir()          # only when empty
         except OSError:
@@ -245,3 +184,11 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                      num_skipped=len(cells) - len(todo),
                      num_failed=sum(c["status"] != "ok" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
+
+
+def _label(cell: CellSpec) -> str:
+    return f"{cell.kv} | {cell.job}"
+
+
+def _describe(info: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in info.items() if k != "name" and v is not None)
