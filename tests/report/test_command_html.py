@@ -100,3 +100,29 @@ def test_a_configuration_whose_cells_all_failed(app, fake_run):
     html = (fake_run / "report.html").read_text()
     assert "Failed cells" in html and "RuntimeError: out of memory" in html
     assert "int4: every cell failed; not considered" in html
+
+
+@pytest.mark.parametrize("status", ["ok", "failed"])
+def test_a_run_with_tasks_only(app, tmp_path, status):
+    """No workload cell (a task-only scenario, or every cell failed): the map still draws
+    (its speed panel empty) and the command succeeds."""
+    from types import SimpleNamespace
+    from kvmap.bench.store import RunStore
+    from tests.report.conftest import _tasks
+    scenario = SimpleNamespace(seed=0, fingerprint=lambda: "fake",
+                               to_dict=lambda: {"name": "tasks", "engine": {}})
+    run = tmp_path / "run"
+    store, _ = RunStore.open_for(run, scenario, "name: tasks\n", ["kvmap", "bench"])
+    records = _tasks("bf16", 0.0, [1, 1, 1, 1], 1 << 20) + _tasks("int8", 0.5, [1, 0, 1, 1],
+                                                                   1 << 19)
+    for ordinal, record in enumerate(records):
+        if status == "failed":
+            record.update(status="failed", error="ValueError: no tokenizer", metrics={})
+        store.write_cell(record, [], ordinal)
+    store.finalize()
+    result = invoke(app, "report", run)
+    assert result.exit_code == 0, result.output
+    html = (run / "report.html").read_text()
+    assert "data:image/png;base64," in html
+    if status == "failed":
+        assert "every cell failed" in html

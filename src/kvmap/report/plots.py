@@ -77,7 +77,11 @@ def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str
     left.axhline(0, color="grey", linewidth=0.5)
     xs = [c.tbt_p99_s * 1000 if c.tbt_p99_s is not None else None for c in configs]
     ys = [c.throughput_tok_s for c in configs]
-    _scatter_with_front(right, configs, xs, ys, False, choice)
+    if any(x is not None and y is not None for x, y in zip(xs, ys)):
+        _scatter_with_front(right, configs, xs, ys, False, choice)
+    else:
+        right.text(0.5, 0.5, "no measured workload in this run", ha="center",
+                   transform=right.transAxes)
     wl = next((c.primary_workload for c in configs if c.primary_workload), "")
     right.set_xlabel(f"P99 time between tokens (ms), {wl}")
     right.set_ylabel("output tokens/s")
@@ -86,8 +90,11 @@ def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str
         ax.grid(alpha=0.3)
         ax.margins(x=0.25, y=0.15)
     handles, labels = right.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8,
-               bbox_to_anchor=(0.5, -0.08))
+    if not labels:
+        handles, labels = left.get_legend_handles_labels()
+    if labels:                          # nothing measured at all: no legend to draw
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5),
+                   fontsize=8, bbox_to_anchor=(0.5, -0.08))
     return encode(fig)
 
 
