@@ -122,6 +122,9 @@ def aggregate(records: Iterable[object], duration_s: float | None = None,
               slo: Mapping[str, float] | None = None) -> dict:
     """Run-level metrics of ``records`` over ``duration_s`` seconds of wall time.
 
+    A record may also be a ready ``RequestStats`` (the HTTP load generator derives its
+    own, with output tokens from the server's usage rather than one per chunk).
+
     ``duration_s=None`` uses the span from the first arrival to the last finish of the
     completed requests. Failed requests count in ``num_failed`` only. Summaries are
     ``summarize`` dicts (None when empty); ``tbt_s`` pools every gap of every request.
@@ -130,7 +133,7 @@ def aggregate(records: Iterable[object], duration_s: float | None = None,
     (``ttft_p99_s``...) that is missed to its measured value.
     """
     slo = normalize_slo(slo) if slo is not None else None
-    stats = [request_stats(r) for r in records]
+    stats = [r if isinstance(r, RequestStats) else request_stats(r) for r in records]
     done = [s for s in stats if not s.failed]
     if duration_s is None:
         span_s = (max(s.finished_s for s in done) - min(s.arrival_s for s in done)

@@ -1,0 +1,151 @@
+"""Reading an OpenAI-compatible response: SSE events, content chunks, usage, errors.
+
+Used by ``kvmap.loadgen.client.send_request``; fills a ``RawResult`` in place. See the
+client's docstring for what counts as a content chunk.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from kvmap.loadgen.client import Endpoint, RawResult
+
+MAX_ERROR_CHARS = 500
+
+
+def error_message(raw: bytes) -> str:
+    """The ``error.message`` of an OpenAI-style error body, else the body's start."""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text.strip()[:MAX_ERROR_CHARS]
+    if isinstance(obj, dict):
+        err = obj.get("error", obj.get("detail", obj))
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        return json.dumps(err)[:MAX_ERROR_CHARS]
+    return text.strip()[:MAX_ERROR_CHARS]
+
+
+def chunk_text(obj: dict, api: str) -> str:
+    """The generated text one stream (or response) object carries; "" when none."""
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    if api == "completions":
+        return choice.get("text") or ""
+    part = choice.get("delta") or choice.get("message") or {}
+    return (part.get("content") or part.get("reasoning_content") or "") \
+        if isinstance(part, dict) else ""
+
+
+def _take_meta(obj: dict, result: RawResult) -> None:
+    """Usage and finish reason, whichever object carries them (the last one wins)."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            result.num_prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            result.num_output_tokens = usage["completion_tokens"]
+    choices = obj.get("choices") or []
+    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        result.finish_reason = str(choices[0]["finish_reason"])
+
+
+class SSE:
+    """Server-Sent Events from lines: ``data:`` lines joined until a blank line."""
+
+    def __init__(self) -> None:
+        self.data: list[str] = []
+
+    def feed(self, line: bytes) -> str | None:
+        """One line in; the data of a finished event out (else None)."""
+        text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not text:
+            return self.flush()
+        if text.startswith("data:"):
+            value = text[5:]
+            self.data.append(value[1:] if value.startswith(" ") else value)
+        return None                      # comments (":..."), event:, id:, retry: ignored
+
+    def flush(self) -> str | None:
+        if not self.data:
+            return None
+        data, self.data = "\n".join(self.data), []
+        return data
+
+
+async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
+                       result: RawResult) -> None:
+    sse, done, pieces = SSE(), False, []
+    finish_chunk_s = None
+
+    def handle(data: str) -> None:
+        nonlocal done, finish_chunk_s
+        now = time.perf_counter()
+        if data.strip() == "[DONE]":
+            done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise BadStream(f"event is not JSON: {data[:200]!r}") from None
+        if not isinstance(obj, dict):
+            raise BadStream(f"event is not a JSON object: {data[:200]!r}")
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            raise StreamError(err.get("message", json.dumps(err)) if isinstance(err, dict)
+                               else str(err))
+        text = chunk_text(obj, endpoint.api)
+        if text:
+            result.chunk_times_s.append(now)
+            pieces.append(text)
+        _take_meta(obj, result)
+        if result.finish_reason is not None and finish_chunk_s is None:
+            finish_chunk_s = now
+
+    async for line in response.content:
+        data = sse.feed(line)
+        if data is not None:
+            handle(data)
+        if done:
+            break
+    if not done:
+        data = sse.flush()
+        if data is not None:
+            handle(data)
+    result.end_s = time.perf_counter()
+    result.output_text = "".join(pieces)
+    if not done and result.finish_reason is None:
+        raise BadStream("the stream ended without [DONE] or a finish_reason")
+    if not result.chunk_times_s and finish_chunk_s is not None \
+            and (result.num_output_tokens or 0) > 0:
+        result.chunk_times_s.append(finish_chunk_s)      # tokens without text
+
+
+async def read_json(response: aiohttp.ClientResponse, endpoint: Endpoint,
+                     result: RawResult) -> None:
+    raw = await response.read()
+    result.end_s = time.perf_counter()
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise BadStream(f"response is not JSON: {raw[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise BadStream(f"response is not a JSON object: {raw[:200]!r}")
+    result.output_text = chunk_text(obj, endpoint.api)
+    _take_meta(obj, result)
+
+
+class BadStream(Exception):
+    pass
+
+
+class StreamError(Exception):
+    pass
