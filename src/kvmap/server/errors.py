@@ -1,0 +1,68 @@
+"""The error body ``{"error": {"message", "type", "param", "code"}}`` and its statuses.
+
+As in vLLM's OpenAI server: ``type`` names the HTTP error class, ``code`` is the status.
+400 every invalid request (schema errors too -- FastAPI's 422 is overridden), 404 an
+unknown model, 413 a body over the size limit, 503 a full queue or a dead engine, 500
+only a real internal fault.
+"""
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestEntityTooLarge",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    """Raised by handlers; turned into the error body by the app's exception handler."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    kind = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "null"}
+
+
+def _is_type_tag(part) -> bool:
+    """pydantic puts the union member tried into ``loc`` (``str``, ``list[int]``, ...)."""
+    text = str(part)
+    return "[" in text or text in _TYPE_TAGS or text.startswith(("function-", "tagged-union"))
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
+    """pydantic/FastAPI validation errors -> (message, param) naming the first bad field
+    and the value it got."""
+    if not errors:
+        return "invalid request", None
+    def path(error) -> list[str]:
+        return [str(p) for p in error.get("loc", ()) if p != "body" and not _is_type_tag(p)]
+
+    # a union field fails once per member: the deepest failure says most ("prompt.1:
+    # greater than or equal to 0" beats "prompt: should be a valid string")
+    field = path(errors[0])[:1]
+    first = max((e for e in errors if path(e)[:1] == field), key=lambda e: len(path(e)))
+    loc = path(first)
+    param = ".".join(loc) or None
+    where = f"{param}: " if param else ""
+    message = f"{where}{first.get('msg', 'invalid value')}"
+    if "input" in first and first.get("type") not in ("missing", "json_invalid"):
+        got = repr(first["input"])
+        message += f" (got {got[:80] + '...' if len(got) > 80 else got})"
+    fields = {str(e.get("loc", ("", ""))[1:2]) for e in errors}
+    if len(fields) > 1:
+        message += f"; {len(fields) - 1} more fields are invalid"
+    return message, param

@@ -1,0 +1,69 @@
+"""A real uvicorn server on a free loopback port, in a thread of the test process.
+
+``start_server(**options)`` builds the app with ``kvmap.server.command.build_server``
+(default: the tiny random-weight Llama in fp32, served as "tiny") and returns a
+``RunningServer`` with its base ``url``, its ``loop`` (the ``EngineLoop``) and ``call``
+(run a function in the engine thread, e.g. to read the pool's free blocks).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+TINY = dict(model="dummy:tiny", kv="fp32", dtype="fp32", num_blocks=256, block_size=4,
+            max_num_batched_tokens=64, served_model_name="tiny")
+
+
+class RunningServer:
+    def __init__(self, app, loop):
+        self.app, self.loop = app, loop
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 60), **kwargs)
+
+    def call(self, fn):
+        """``fn(engine_loop)`` in the engine thread; its result."""
+        event_loop = self.server.servers[0].get_loop()     # uvicorn's loop, in self.thread
+        return asyncio.run_coroutine_threadsafe(self.loop.call(fn),
+                                                event_loop).result(timeout=30)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_server(**options) -> RunningServer:
+    from kvmap.server.command import build_server
+    kwargs = {**TINY, **options}
+    app, loop = build_server(kwargs.pop("model"), kwargs.pop("kv"), **kwargs)
+    return RunningServer(app, loop)
+
+
+def free_blocks(server: RunningServer) -> int:
+    return server.call(lambda loop: sum(e.kv.pool.num_free for e in loop.engines))
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    server = start_server()
+    yield server
+    server.close()
