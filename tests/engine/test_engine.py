@@ -199,3 +199,15 @@ def test_score_with_context_matches_full_score():
     assert tail.shape == (15, full.shape[1])
     assert (tail - full[24:39]).abs().max().item() < 1e-4
     assert llm.kv_usage()["num_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=5e-324), dict(temperature=1.0, top_p=5e-324),
+                                    dict(temperature=1e-30, top_p=1e-30, top_k=3)])
+def test_extreme_but_valid_sampling_params_sample_the_top_token(kwargs):
+    """Tiny temperature / top_p are valid and must act like greedy, not make NaN
+    probabilities (the server's fuzz test found both)."""
+    from kvmap.engine.sampler import filter_logits
+    logits = torch.tensor([1.0, 3.0, 2.0, -1.0])
+    probs = torch.softmax(filter_logits(logits, SamplingParams(**kwargs)), dim=-1)
+    assert not torch.isnan(probs).any()
+    assert probs.argmax().item() == 1 and probs[1].item() == pytest.approx(1.0)

@@ -13,7 +13,9 @@ from kvmap.request import Request, SamplingParams
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits (V,) fp32 -> temperature-scaled logits with top-k / top-p mass removed."""
-    logits = logits / params.temperature
+    # shift first: a tiny temperature then sends the rest to -inf, never inf - inf = NaN
+    # (and a temperature below the dtype's smallest normal would round to 0: clamp it)
+    logits = (logits - logits.max()) / max(params.temperature, torch.finfo(logits.dtype).tiny)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -22,6 +24,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         # drop a token when the mass before it already reaches top_p (keeps >= 1 token)
         drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
+        drop[0] = False              # rounding must not drop the top token at a tiny top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop),
                                     float("-inf"))
     return logits
