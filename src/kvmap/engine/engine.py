@@ -3,6 +3,11 @@
 ``Engine.step()`` does one iteration of continuous batching and returns the requests
 that produced a token or finished in it. It owns the model, the paged KV cache, the
 scheduler and the tokenizer; ``kvmap.engine.llm.LLM`` is the friendly front.
+
+With ``tiers(...)``, a prompt larger than the pool is accepted and paged through the
+tiers (``kvmap.kv.tiers.pager``). A paged-out page that cannot be read back (missing,
+corrupt) aborts that step's forward pass; the request is recomputed from scratch, and
+after ``MAX_PAGE_FAULTS`` such faults it is finished as aborted -- never a wrong token.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
+from kvmap.kv.tiers.pager import PageLost
 from kvmap.kv.tiers.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
@@ -24,6 +30,9 @@ from kvmap.engine.sampler import sample
 from kvmap.engine.scheduler import Scheduler
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
+
+
+MAX_PAGE_FAULTS = 3      # lost pages after which a request is aborted, not recomputed
 
 
 class Engine:
@@ -105,10 +114,23 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         need_blocks = -(-len(prompt_token_ids) // self.kv.block_size)
-        if need_blocks > self.kv.pool.num_blocks:
+        pool_blocks = self.kv.pool.num_blocks
+        pager = self.store.pager if self.store is not None else None
+        if need_blocks > pool_blocks and pager is None:
             raise ValueError(
                 f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "
-                f"the pool has {self.kv.pool.num_blocks} (raise kv_memory)")
+                f"the pool has {pool_blocks} (raise kv_memory, or add tiers(...) to the "
+                f"KV spec to page it)")
+        if need_blocks > pool_blocks:
+            # paging keeps a page being written out, a full step's chunk and a partial block
+            chunk = min(len(prompt_token_ids), self.config.scheduler.max_num_batched_tokens)
+            least = pager.page_blocks + -(-chunk // self.kv.block_size) + 1
+            if pool_blocks < least:
+                raise ValueError(
+                    f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV "
+                    f"blocks; paging it through the tiers needs a pool of at least "
+                    f"{least} (page_blocks={pager.page_blocks} + a "
+                    f"{chunk}-token prefill chunk + 1), the pool has {pool_blocks}")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -142,7 +164,19 @@ class Engine:
         for req, _ in batch.items:
             if req.metrics.first_scheduled_s is None:
                 req.metrics.first_scheduled_s = run_s
-        out = self.runner.run(batch.items, self.policy)
+        try:
+            out = self.runner.run(batch.items, self.policy)
+        except PageLost as e:
+            # nothing was advanced: the other requests redo this step's tokens (same
+            # slots, same values); the faulted one is recomputed or, at the limit, aborted
+            req = self.requests[e.request_id]
+            req.page_faults = getattr(req, "page_faults", 0) + 1
+            if req.page_faults >= MAX_PAGE_FAULTS:
+                self._finish(req, RequestStatus.FINISHED_ABORTED)
+                touched.append(req)
+            else:
+                self.scheduler.preempt(req)
+            return touched
         self.num_prefill_tokens += batch.num_tokens - out.meta.num_decode
         if self.store is not None:     # the cost model learns the compute rate
             self.store.cost.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)

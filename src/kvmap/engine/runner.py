@@ -6,8 +6,11 @@ For each scheduled (request, n) it lays out n tokens on the flat token axis, wit
     KV slots   = slot(num_kv_slots) ... slot(num_kv_slots + n - 1)
     slot(i)    = block_ids[i // block_size] * block_size + i % block_size
 
-Positions and KV slot indices differ once a selection policy has evicted tokens: the
-rotary position of a new token still counts every token of the sequence.
+Positions and KV slot indices differ once a selection policy has evicted tokens, or
+once a sequence is paged through the tiers (its ``block_ids`` / ``num_kv_slots`` are
+then the resident part after its paged-out front): the rotary position of a new token
+still counts every token of the sequence. A paged sequence's front is handed to
+attention as an ``OffloadedContext`` (``meta.offloaded_decode`` / ``offloaded_prefill``).
 """
 from __future__ import annotations
 
@@ -49,7 +52,11 @@ class ModelRunner:
         decode_tables, decode_lens, prefills = [], [], []
         sample_rows: list[int] = []
         sampled: list[Request] = []
+        pager = self.kv.tiers.pager if self.kv.tiers is not None else None
+        offloaded_decode, offloaded_prefill = {}, {}
+        hidden: dict = {}      # a selection policy's per-layer holes (AttentionMetadata.hidden)
         for req, n in items:
+            ctx = pager.context(req) if pager is not None else None
             start = len(input_ids)
             c = req.num_computed_tokens
             input_ids += req.token_ids[c:c + n]
@@ -57,14 +64,23 @@ class ModelRunner:
             slot_ids += slot_ids_of(req.block_ids, req.num_kv_slots, n, bs)
             num_kv_after = req.num_kv_slots + n
             if n == 1 and not prefills and c == req.num_tokens - 1:
+                if ctx is not None:
+                    offloaded_decode[len(decode_tables)] = ctx
+                row = ("decode", len(decode_tables))
                 decode_tables.append(req.block_ids[: -(-num_kv_after // bs)])
                 decode_lens.append(num_kv_after)
             else:
+                if ctx is not None:
+                    offloaded_prefill[len(prefills)] = ctx
                 nb = -(-num_kv_after // bs)
+                row = ("prefill", len(prefills))
                 prefills.append(PrefillSegment(
                     start, start + n,
                     torch.tensor(req.block_ids[:nb], dtype=torch.long, device=self.device),
                     num_kv_after, completes_prompt=c + n == req.num_tokens))
+            for layer, hole in ((getattr(req, "kv_holes", None) if req.evicted else None)
+                                or {}).items():
+                hidden.setdefault(layer, {"decode": {}, "prefill": {}})[row[0]][row[1]] = hole
             if c + n == req.num_tokens:          # the chunk reaches the end: sample
                 sample_rows.append(start + n - 1)
                 sampled.append(req)
@@ -72,6 +88,8 @@ class ModelRunner:
         meta = AttentionMetadata.build(
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
             prefills, bs, dev, self.model.dtype)
+        meta.offloaded_decode, meta.offloaded_prefill = offloaded_decode, offloaded_prefill
+        meta.hidden = hidden
         if policy is not None and (policy.needs_window_attention
                                    or policy.needs_accumulated_attention):
             meta.want_scores = True

@@ -12,6 +12,11 @@ sequence is preempted by recomputation: its blocks are freed (full blocks keep t
 hashes, so the recompute usually hits the prefix cache, and with tiers they are demoted
 rather than lost when the pool reuses them) and it goes back to the front of the
 waiting queue with nothing computed. The engine never runs out of memory.
+
+With tiers, a running sequence that is alone and still short of blocks is paged instead
+(``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
+a context larger than the pool keeps decoding. While a paged sequence runs, no waiting
+request is admitted (it would only be preempted again by the paged one's growth).
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ class Scheduler:
         self.block_size = kv.block_size
         self.prefix_salt = prefix_salt          # None disables prefix caching
         self.store = store                      # tiers below the pool, or None
+        self.pager = store.pager if store is not None else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -67,6 +73,8 @@ class Scheduler:
         self._free_blocks(req)
 
     def _free_blocks(self, req: Request) -> None:
+        if self.pager is not None:
+            self.pager.drop(req)
         if req.block_ids:
             self.pool.free(req.block_ids)
         req.block_ids = []
@@ -86,6 +94,8 @@ class Scheduler:
             if num_new == 0:
                 continue
             while not self._allocate_slots(req, num_new):
+                if self._page_out(req, num_new):
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 batch.num_preempted += 1
@@ -110,12 +120,15 @@ class Scheduler:
         return min(remaining, budget)
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        if self.pager is not None and any(self.pager.is_paged(r) for r in self.running):
+            return
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0 and not req.block_ids:
                 self._take_cached_prefix(req)
             num_new = self._num_new_tokens(req, budget)
-            if num_new == 0 or not self._allocate_slots(req, num_new):
+            if num_new == 0 or not (self._allocate_slots(req, num_new) or (
+                    self._page_out(req, num_new) and self._allocate_slots(req, num_new))):
                 self._release_cached_prefix(req)
                 break
             self.waiting.popleft()
@@ -172,6 +185,19 @@ class Scheduler:
             return False
         req.block_ids += self.pool.allocate(need)
         return True
+
+    def _page_out(self, req: Request, num_new: int) -> bool:
+        """``req`` is alone (no other request runs) and still short of blocks for
+        ``num_new`` tokens: page its own front out to the tiers. True if any went."""
+        if self.pager is None or any(r is not req for r in self.running):
+            return False
+        need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        return self.pager.page_out(req, need)
+
+    def preempt(self, req: Request) -> None:
+        """Recompute ``req`` from scratch (e.g. one of its paged-out pages was lost)."""
+        if req in self.running:
+            self._preempt(req)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

@@ -13,6 +13,19 @@ sees exactly what the cache holds (quantized or not), and no step dequantizes mo
 the blocks of the sequences in the batch.
 
 Masks are built once per step (``AttentionMetadata``) and shared by all layers.
+
+A sequence paged through the tiers (``kvmap.kv.tiers.pager``) holds only its recent
+blocks in the pool; its block table and slot count describe that resident part, and
+``meta.offloaded_decode`` / ``meta.offloaded_prefill`` give, per decode row / prefill
+segment, its paged-out front (an ``OffloadedContext``: ``layer_kv(layer)`` fetches the
+layer's K/V, each (H, L_off, D)). Every paged-out key precedes every query, so that
+part needs no mask. Each part is attended separately, keeping its log-sum-exp, and the
+two are merged exactly:
+
+    lse = log(e^lse_res + e^lse_off)
+    out = out_res * e^(lse_res - lse) + out_off * e^(lse_off - lse)
+
+which is softmax attention over the union of the keys (up to rounding).
 """
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvmap.kv.codecs import Codec, LayerStore
+from kvmap.model.quant_attention import decode_kv
 
 NEG_INF = float("-inf")
 QUERY_TILE = 256   # prefill queries per tile; tiles skip keys that the causal mask hides
@@ -46,12 +60,18 @@ class AttentionMetadata:
     #   scores[layer]["decode"]          (B, H, L) fp32, the decode queries' attention
     #   scores[layer]["window"][i]       (H, W, L_i) fp32, last W queries of prefill i
     #   scores[layer]["accumulated"][i]  (H, L_i) fp32, attention received from chunk i
-    # (summed over the query heads of each KV head). Only segments that complete
-    # their prompt get a window.
+    # (summed over the query heads of each KV head). Every prefill segment gets a
+    # window: a chunked policy compresses after each chunk (W x L, cheap next to C x L).
     want_scores: bool = False
     observation_window: int = 1
     accumulate: bool = False
     scores: dict = field(default_factory=dict)
+    # slots a selection policy left empty in a layer (per-layer budgets): layer ->
+    # {"decode": {row: (first, end)}, "prefill": {segment: (first, end)}}, masked out
+    hidden: dict = field(default_factory=dict)
+    # paged sequences: decode row / prefill segment index -> OffloadedContext
+    offloaded_decode: dict = field(default_factory=dict)
+    offloaded_prefill: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -82,23 +102,30 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
     out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
     B = meta.num_decode
     if B:
-        # (B*nb, bs, H, D) -> batch over (H, B): (H*B, L, D), the layout bmm wants
-        kc, vc = codec.read(store, meta.decode_block_ids.reshape(-1))
-        kc = kc.view(B, -1, num_kv_heads, head_dim).permute(2, 0, 1, 3).reshape(
-            num_kv_heads * B, -1, head_dim)
-        vc = vc.view(B, -1, num_kv_heads, head_dim).permute(2, 0, 1, 3).reshape(
-            num_kv_heads * B, -1, head_dim)
+        # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
+        kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads)
         qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
             num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
-        scores = torch.bmm(qd, kc.transpose(1, 2)).view(num_kv_heads, B, group, -1)
+        scores = kv.scores(qd).view(num_kv_heads, B, group, -1)
         scores += meta.decode_mask                                        # (H, B, G, L)
-        probs = torch.softmax(scores, dim=-1)
+        for b, (first, end) in meta.hidden.get(layer_idx, {}).get("decode", {}).items():
+            scores[:, b, :, first:end] = NEG_INF
+        if meta.offloaded_decode:
+            probs, lse_res = softmax_lse(scores)
+            probs = probs.to(scores.dtype)
+        else:
+            probs = torch.softmax(scores, dim=-1)
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
             stats["decode"] = probs.float().sum(2).transpose(0, 1)        # (B, H, L)
-        o = torch.bmm(probs.view(num_kv_heads * B, group, -1), vc)        # (H*B, G, D)
+        o = kv.values(probs.view(num_kv_heads * B, group, -1))            # (H*B, G, D)
         out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
             B, num_heads * head_dim)
+        for b, ctx in meta.offloaded_decode.items():
+            shape = (num_kv_heads, group, 1, head_dim)
+            merged = _with_offloaded(q[b].view(shape), out[b].view(shape),
+                                     lse_res[:, b, :, None], ctx, layer_idx)
+            out[b] = merged.reshape(-1).to(out.dtype)
     for i, seg in enumerate(meta.prefills):
         kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
         L = seg.num_kv_slots
@@ -107,18 +134,72 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         C = seg.end - seg.start
         qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         acc = None
+        hole = meta.hidden.get(layer_idx, {}).get("prefill", {}).get(i)
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
             if meta.accumulate:
                 acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L)
-            if seg.completes_prompt:
-                stats["window"][i] = _window_attention(qs, kc, meta.observation_window)
-        o = _causal_chunk(qs, kc, vc, L - C, acc)                         # (H, G, C, D)
+            stats["window"][i] = _window_attention(qs, kc, meta.observation_window, hole)
+        ctx = meta.offloaded_prefill.get(i)
+        lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
+               if ctx is not None else None)
+        o = _causal_chunk(qs, kc, vc, L - C, acc, lse, hole)              # (H, G, C, D)
+        if ctx is not None:
+            o = _with_offloaded(qs, o, lse, ctx, layer_idx).to(o.dtype)
         out[seg.start:seg.end] = o.permute(2, 0, 1, 3).reshape(C, num_heads * head_dim)
     return out
 
 
-def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int) -> torch.Tensor:
+def softmax_lse(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the last axis in fp32 and its log-sum-exp, from one fused softmax:
+    the largest probability is 1/z (z = sum of exp(s - max)), so lse = max - log(p_max)."""
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    lse = scores.amax(-1).float() - torch.log(probs.amax(-1))
+    return probs, lse
+
+
+def _with_offloaded(q: torch.Tensor, o_res: torch.Tensor, lse_res: torch.Tensor, ctx,
+                    layer_idx: int) -> torch.Tensor:
+    """Merge resident attention (o_res (H, G, C, D), lse_res (H, G, C)) with attention
+    over the paged-out keys of ``ctx``; q (H, G, C, D) pre-scaled. Returns fp32
+    (H, G, C, D) and reports each page's attention mass to ``ctx``."""
+    k, v = ctx.layer_kv(layer_idx)                                        # (H, Lo, D)
+    o_off, lse_off, page_frac = offloaded_attention(q, k, v, ctx.page_tokens)
+    lse = torch.logaddexp(lse_res, lse_off)
+    w_off = torch.exp(lse_off - lse)[..., None]                           # (H, G, C, 1)
+    merged = o_res.float() * torch.exp(lse_res - lse)[..., None] + o_off * w_off
+    ctx.observe(layer_idx, (page_frac * w_off).sum((0, 1, 2)))
+    return merged
+
+
+def offloaded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        page_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unmasked attention of q (H, G, C, D), pre-scaled, over k, v (H, L, D) with L a
+    multiple of ``page_tokens``. Returns the normalized output (H, G, C, D) fp32, its
+    log-sum-exp (H, G, C) fp32, and the share of each query's attention that each page
+    gets (H, G, C, L / page_tokens). Scores are in the compute dtype, the softmax in
+    fp32 (one fused pass), queries tiled by QUERY_TILE; plain batched products over
+    contiguous (H, L, D) keys, so no operand is copied to fit the BLAS layout."""
+    H, G, C, D = q.shape
+    L = k.shape[1]
+    out = torch.empty((H, G, C, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((H, G, C), dtype=torch.float32, device=q.device)
+    page_frac = torch.empty((H, G, C, L // page_tokens), dtype=torch.float32,
+                            device=q.device)
+    for i0 in range(0, C, QUERY_TILE):
+        i1 = min(C, i0 + QUERY_TILE)
+        c = i1 - i0
+        qt = q[:, :, i0:i1].reshape(H, G * c, D)
+        scores = torch.bmm(qt, k.transpose(1, 2))                         # (H, G*c, L)
+        probs, tile_lse = softmax_lse(scores)
+        page_frac[:, :, i0:i1] = probs.view(H, G, c, -1, page_tokens).sum(-1)
+        out[:, :, i0:i1] = torch.bmm(probs.to(v.dtype), v).view(H, G, c, D)
+        lse[:, :, i0:i1] = tile_lse.view(H, G, c)
+    return out, lse, page_frac
+
+
+def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int,
+                      hole: tuple[int, int] | None = None) -> torch.Tensor:
     """Attention (H, W, L) fp32 of the chunk's last W queries over all L keys, summed over
     query heads. qs (H, G, C, D) pre-scaled, kc (H, D, L); the chunk ends at key L-1."""
     H, G, C, D = qs.shape
@@ -127,11 +208,15 @@ def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int) -> torch.
     scores = torch.matmul(qs[:, :, C - w:].float(), kc[:, None].float())   # (H, G, w, L)
     q_pos = torch.arange(L - w, L)
     scores.masked_fill_(torch.arange(L)[None, :] > q_pos[:, None], NEG_INF)
+    if hole is not None:
+        scores[..., hole[0]:hole[1]] = NEG_INF
     return torch.softmax(scores, dim=-1).sum(1)
 
 
 def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                  num_past: int, acc: torch.Tensor | None = None) -> torch.Tensor:
+                  num_past: int, acc: torch.Tensor | None = None,
+                  lse: torch.Tensor | None = None,
+                  hole: tuple[int, int] | None = None) -> torch.Tensor:
     """Causal attention of C queries that follow ``num_past`` cached keys.
 
     qs (H, G, C, D) pre-scaled; kc (H, D, L); vc (H, L, D); L = num_past + C.
@@ -146,7 +231,9 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
     Scores stay in the compute dtype; softmax accumulates in fp32 internally (as HF's
     eager attention does: bf16 scores, fp32 softmax, bf16 probabilities). With ``acc``
     (H, L), the attention each key receives (summed over queries and query heads) is
-    added to it.
+    added to it. With ``lse`` (H, G, C) fp32, each query's log-sum-exp of its scores is
+    written there (for merging with attention over paged-out keys). Keys in ``hole``
+    (first, end), a slot range of the past, are masked out.
     """
     H, G, C, D = qs.shape
     out = torch.empty_like(qs)
@@ -158,7 +245,13 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
         qt = qs[:, :, i0:i1].reshape(H, G * c, D)
         scores = torch.bmm(qt, kc[:, :, :n_keys]).view(H, G, c, n_keys)
         scores[..., num_past + i0:n_keys] += diag[:c, :c]
-        probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys)
+        if hole is not None:
+            scores[..., hole[0]:hole[1]] = NEG_INF
+        if lse is None:
+            probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys)
+        else:
+            probs, lse[:, :, i0:i1] = softmax_lse(scores)
+            probs = probs.to(qs.dtype).view(H, G * c, n_keys)
         if acc is not None:
             acc[:, :n_keys] += probs.float().sum(1)
         out[:, :, i0:i1] = torch.bmm(probs, vc[:, :n_keys]).view(H, G, c, D)

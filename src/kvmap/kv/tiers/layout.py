@@ -1,8 +1,9 @@
 """The tier-layout parts of a KV spec: ``tiers(...)`` and ``recompute``.
 
     tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL, redis_size=SIZE,
-          evict=lru|lfu|arc, prefetch=none, fetch=cost|always,
-          host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)
+          evict=lru|lfu|arc, fetch=cost|always,
+          prefetch=none|window|attention, page_blocks=N, prefetch_depth=N,
+          prefetch_pages=N, host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)
     recompute
 
 A layout only describes; :class:`kvmap.kv.tiers.store.TieredStore` builds the tiers.
@@ -15,8 +16,15 @@ them to int4 as they move to disk; the accuracy cost is then measured like any c
 
 ``fetch=cost`` lets the cost model (``cost.py``) choose per request between fetching a
 cached prefix from the tiers and recomputing it; ``fetch=always`` skips the model (tests,
-and measuring the tiers' own cost). ``prefetch`` is reserved for paging a context larger
-than the pool through the tiers, which is not built yet: only ``none`` is accepted.
+and measuring the tiers' own cost).
+
+A sequence that does not fit the pool even alone is paged through the levels
+(``pager.py``): its oldest blocks leave in pages of ``page_blocks`` blocks (default 16),
+one frame per page per layer. ``prefetch`` says how attention gets them back: ``none``
+reads a layer's pages when it needs them; ``window`` reads ``prefetch_depth`` layers
+ahead (default 2) on a background thread, in page order; ``attention`` does the same
+ordered by the attention mass each page got in the last step. ``prefetch_pages=K``
+(default 0: all) reads only the first K pages of that order ahead, the rest on demand.
 
 ``recompute`` is the explicit no-tier layout: blocks that leave the pool are gone and
 preempted or missing prefixes are recomputed.
@@ -72,6 +80,7 @@ class Tiers(Layout):
     name = "tiers"
     defaults = {"host": None, "disk": None, "disk_path": None, "redis": None,
                 "redis_size": None, "evict": "lru", "prefetch": "none", "fetch": "cost",
+                "page_blocks": 16, "prefetch_depth": 2, "prefetch_pages": 0,
                 "host_codec": None, "disk_codec": None, "redis_codec": None}
 
     def validate(self) -> None:
@@ -79,13 +88,15 @@ class Tiers(Layout):
         if o["evict"] not in EVICTION_ORDERS:
             raise ValueError(f"tiers: evict={o['evict']!r} is not one of "
                              f"{', '.join(EVICTION_ORDERS)}")
+        if o["prefetch"] is None:          # the grammar reads `none` as None
+            o["prefetch"] = "none"
         if o["prefetch"] not in PREFETCH_MODES:
             raise ValueError(f"tiers: prefetch={o['prefetch']!r} is not one of "
                              f"{', '.join(PREFETCH_MODES)}")
-        if o["prefetch"] != "none":
-            raise ValueError(f"tiers: prefetch={o['prefetch']} pages a context larger than "
-                             "the pool through the tiers, which is not built yet; only "
-                             "prefetch=none is accepted")
+        for option, low in (("page_blocks", 1), ("prefetch_depth", 1), ("prefetch_pages", 0)):
+            value = o[option]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"tiers: {option}={value!r} must be an integer >= {low}")
         if o["fetch"] not in FETCH_MODES:
             raise ValueError(f"tiers: fetch={o['fetch']!r} is not one of "
                              f"{', '.join(FETCH_MODES)}")

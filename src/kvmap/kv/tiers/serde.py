@@ -141,10 +141,13 @@ def verify(data: bytes | bytearray | memoryview) -> BlockHeader:
     return header
 
 
-def decode_block(data: bytes | bytearray | memoryview) -> list[dict[str, torch.Tensor]]:
+def decode_block(data: bytes | bytearray | memoryview, check_crc: bool = True
+                 ) -> list[dict[str, torch.Tensor]]:
     """Inverse of :func:`encode_block`: a list over layers of ``{name: tensor}`` in the
-    encoded order, on CPU, each tensor owning fresh memory. Raises CorruptBlockError."""
-    header = verify(data)
+    encoded order, on CPU, each tensor owning fresh memory. Raises CorruptBlockError.
+    ``check_crc=False`` skips only the CRC, for a frame whose tier has just checked it
+    (``Tier.verify_reads``); every structural check still runs."""
+    header = verify(data) if check_crc else peek_header(data)
     view = memoryview(data).cast("B")
     block: list[dict[str, torch.Tensor]] = [{} for _ in range(header.num_layers)]
     offset, end = HEADER_BYTES, len(view)

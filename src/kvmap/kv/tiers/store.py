@@ -24,13 +24,18 @@ Frames and codec conversion are ``frames.py``'s; this file decides where blocks 
 
 Faults never escape: a missing, corrupt or mismatched frame, a dead or full Redis, a full
 disk are misses or failed puts, counted by the tier (``TierStats.errors``) or here
-(``stats.errors``), and the blocks not fetched are recomputed. Not thread-safe: the
-engine loop owns it.
+(``stats.errors``), and the blocks not fetched are recomputed.
+
+The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
+larger than the pool through the same levels (keys ``page/...``, one frame per page per
+layer) with a prefetch thread. That thread and the engine loop both use the tiers, so
+every tier call holds ``lock``; everything else is the engine loop's.
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -44,6 +49,8 @@ from kvmap.kv.tiers.base import Key, Tier
 from kvmap.kv.tiers.cost import CostModel, matmul_flops_per_s
 from kvmap.kv.tiers.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
+from kvmap.kv.tiers.page_frames import page_layer
+from kvmap.kv.tiers.pager import Pager
 
 
 @dataclass
@@ -102,6 +109,8 @@ class TieredStore:
         self.frames = BlockFrames(kv)
         self.stats = StoreStats()
         self.levels: list[Level] = []
+        self.lock = threading.RLock()       # tier calls: engine loop and prefetch thread
+        self.pager: Pager | None = None
         codec = kv.codec
         try:
             for level in layout.levels:
@@ -116,6 +125,9 @@ class TieredStore:
             upper.tier.on_evict = (lambda key, data, i=i: self._demote_frame(i, key, data))
         self.cost = CostModel(model_config, [lv.tier.name for lv in self.levels],
                               matmul_flops_per_s(kv.compute_dtype, kv.device), layout.fetch)
+        o = layout.options
+        self.pager = Pager(self, o.get("prefetch", "none"), o.get("page_blocks", 16),
+                           o.get("prefetch_depth", 2), o.get("prefetch_pages", 0))
         kv.pool.on_evict = self.demote
         kv.tiers = self
 
@@ -141,29 +153,38 @@ class TieredStore:
         """The pool is about to reuse cached block ``block_id``: keep a copy in the top
         level. Never raises for a storage fault (a failed put is counted by the tier)."""
         top = self.levels[0]
-        if top.tier.contains(block_hash):
-            self.stats.num_demotes_skipped += 1
-            return
-        start_s = time.perf_counter()
-        data = self.frames.encode_pool_block(block_id, top.codec)
-        if top.tier.put(block_hash, data):
-            self.stats.num_demoted_blocks += 1
-        self.stats.demote_s += time.perf_counter() - start_s
+        with self.lock:
+            if top.tier.contains(block_hash):
+                self.stats.num_demotes_skipped += 1
+                return
+            start_s = time.perf_counter()
+            data = self.frames.encode_pool_block(block_id, top.codec)
+            if top.tier.put(block_hash, data):
+                self.stats.num_demoted_blocks += 1
+            self.stats.demote_s += time.perf_counter() - start_s
 
     def _demote_frame(self, index: int, key: Key, data: bytes) -> None:
         """Level ``index``'s victim goes one level down, re-encoded if the codec changes."""
         upper, lower = self.levels[index], self.levels[index + 1]
         if not same_codec(upper.codec, lower.codec):
+            layer = page_layer(key)
             try:
-                frame = self.frames.decode(data, upper.codec)
+                if layer is not None:        # one layer of a paged-out page
+                    data = self.pager.frames.transcode(data, layer, upper.codec, lower.codec)
+                else:
+                    frame = self.frames.decode(data, upper.codec)
+                    data = self.frames.transcode(frame, upper.codec, lower.codec)
             except ValueError as e:      # CorruptBlockError or FrameMismatch
                 self.stats.errors["demote_" + _kind(e)] += 1
                 return
-            data = self.frames.transcode(frame, upper.codec, lower.codec)
         lower.tier.put(key, data)
 
     # ---- promotion --------------------------------------------------------------------
     def take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
+        with self.lock:
+            return self._take_prefix(block_hashes, start_block)
+
+    def _take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
         """Continue a prefix hit after the pool's first ``start_block`` blocks.
 
         ``block_hashes`` are the request's full-block hashes. Returns the ids of the
@@ -250,20 +271,27 @@ class TieredStore:
     def usage(self) -> dict:
         """Per level: :meth:`resident`, codec, frame bytes and the tier's stats
         (``TierStats.as_dict``: hits, misses, bytes, IO seconds, read P50/P99, errors)."""
-        resident = self.resident()
-        return {lv.tier.name: {**resident[lv.tier.name], "codec": repr(lv.codec),
-                               "frame_bytes": lv.frame_bytes, **lv.tier.stats.as_dict()}
-                for lv in self.levels}
+        with self.lock:                  # the prefetch thread appends latencies
+            resident = self.resident()
+            return {lv.tier.name: {**resident[lv.tier.name], "codec": repr(lv.codec),
+                                   "frame_bytes": lv.frame_bytes, **lv.tier.stats.as_dict()}
+                    for lv in self.levels}
 
     def as_dict(self) -> dict:
-        return {**self.stats.as_dict(), "cost": self.cost.as_dict()}
+        out = {**self.stats.as_dict(), "cost": self.cost.as_dict()}
+        if self.pager is not None:
+            out["paging"] = self.pager.as_dict()
+        return out
 
     def check_integrity(self) -> None:
-        for level in self.levels:
-            level.tier.check_integrity()
+        with self.lock:
+            for level in self.levels:
+                level.tier.check_integrity()
 
     def close(self) -> None:
         """Empty and release every level; the pool stops demoting. Idempotent."""
+        if self.pager is not None:
+            self.pager.close()           # stops the prefetch thread first
         if self.kv.pool.on_evict == self.demote:
             self.kv.pool.on_evict = None
         if self.kv.tiers is self:

@@ -1,0 +1,165 @@
+"""Decode attention operands: K and V of a batch's blocks in the layout the batched
+matmuls want, either dequantized (``DenseKV``) or as codes with their scales folded into
+the scores and probabilities (``CodesKV``).
+
+Attention (``kvmap.model.attention``) asks for the operands once per layer and step and
+uses two products, whatever the codec:
+
+    scores = kv.scores(q)       (H*B, Gq, L)    q (H*B, Gq, D) pre-scaled queries
+    out    = kv.values(probs)   (H*B, Gq, D)    probs (H*B, Gq, L)
+
+Why codes: dequantizing x = y * s + b over the whole (B, L, H, D) context is several
+passes over the largest tensor of the step (unpack, subtract, multiply, add, cast), more
+than the attention products themselves. A quantizing codec instead hands out its codes y
+(1 byte a value for int8) and the affine map (``ScaledRead``); the codes are converted
+to the compute dtype in one pass that also lays them out heads-first, and the map is
+applied to the small tensors (L scores per query instead of L * D values):
+
+    per-token / per-group map (s, b vary over tokens l; groups of g channels):
+        scores[l] = sum_grp s[l, grp] * (q[grp] . y[l, grp]) + b[l, grp] * sum(q[grp])
+        out[grp]  = (probs * s[:, grp]) @ y[:, grp] + probs @ b[:, grp]
+    one map per channel for all tokens (static per-channel ranges):
+        scores    = (q * s) . y + q . b
+        out       = (probs @ y) * s + sum(probs) * b
+
+Scales are applied in float32 and rounded once to the compute dtype. A codec whose map
+varies over tokens and channels at once (KIVI keys, per-block channel scales) returns no
+ScaledRead and gets ``DenseKV`` over ``codec.read``.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvmap.kv.codecs import Codec, LayerStore, ScaledRead
+
+FUSED = True    # False: always dequantize through ``codec.read`` (A/B tests, benchmarks)
+
+
+def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads: int):
+    """Operands over the blocks of ``table`` (B, nb), one row per decoding sequence;
+    key l of row b is slot l of the row's blocks, concatenated (L = nb * block_size)."""
+    B = table.shape[0]
+    ids = table.reshape(-1)
+    scaled = codec.read_scaled(store, ids) if FUSED else None
+    if scaled is None:
+        k, v = codec.read(store, ids)
+        return DenseKV(heads_first(k, B), heads_first(v, B))
+    dtype = store.state["compute_dtype"]
+    return CodesKV(ScaledOperand(scaled[0], B, num_kv_heads, dtype),
+                   ScaledOperand(scaled[1], B, num_kv_heads, dtype))
+
+
+def heads_first(x: torch.Tensor, B: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(B*nb, bs, H, D) -> (H*B, L, D) in ``dtype`` (default: x's), one copy."""
+    _, _, H, D = x.shape
+    src = x.view(B, -1, H, D).permute(2, 0, 1, 3)
+    if dtype is None or dtype == x.dtype:
+        return src.reshape(H * B, -1, D)
+    out = torch.empty(src.shape, dtype=dtype, device=x.device)
+    return out.copy_(src).view(H * B, -1, D)
+
+
+class DenseKV:
+    """Dequantized K and V, each (H*B, L, D): plain batched products."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(q, self.k.transpose(1, 2))
+
+    def values(self, probs: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(probs, self.v)
+
+
+class CodesKV:
+    """K and V as :class:`ScaledOperand` (module docstring for the algebra)."""
+
+    def __init__(self, k: "ScaledOperand", v: "ScaledOperand"):
+        self.k, self.v = k, v
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        return self.k.scores(q)
+
+    def values(self, probs: torch.Tensor) -> torch.Tensor:
+        return self.v.values(probs)
+
+
+class ScaledOperand:
+    """Codes y (H*B, L, D) in the compute dtype and their map, either per token
+    (``scale``/``bias`` (H*B, L, G) fp32) or per channel for all tokens
+    (``scale``/``bias`` (H, 1, 1, D) fp32)."""
+
+    def __init__(self, read: ScaledRead, B: int, num_kv_heads: int, dtype: torch.dtype):
+        H = num_kv_heads
+        self.H, self.dtype = H, dtype
+        self.y = heads_first(read.y, B, dtype)                      # (H*B, L, D)
+        D = self.y.shape[-1]
+        self.G = read.scale.shape[-1]
+        self.g = D // self.G
+        self.per_token = read.per_token
+        if self.per_token:
+            N, bs = read.y.shape[:2]
+            L = self.y.shape[1]
+
+            def layout(p):                       # (N|1, bs|1, Hp, G) -> (H*B, L, G)
+                p = p.expand(N, bs, *p.shape[2:]).reshape(B, L, -1, self.G)
+                return p.expand(B, L, H, self.G).permute(2, 0, 1, 3).reshape(H * B, L, self.G)
+            self.scale = layout(read.scale)
+            self.bias = None if read.bias is None else layout(read.bias)
+        else:
+            def channels(p):                     # (1, 1, Hp, G) -> (H, 1, 1, D)
+                p = p.reshape(-1, self.G).expand(H, self.G)
+                return p.repeat_interleave(self.g, dim=-1)[:, None, None, :]
+            self.scale = channels(read.scale)
+            self.bias = None if read.bias is None else channels(read.bias)
+
+    def _group(self, i: int) -> slice:
+        return slice(i * self.g, (i + 1) * self.g)
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        """q (H*B, Gq, D) in the compute dtype -> (H*B, Gq, L) in the compute dtype."""
+        HB, Gq, D = q.shape
+        if not self.per_token:
+            qh = q.view(self.H, -1, Gq, D).float()
+            qs = (qh * self.scale).to(self.dtype).view(HB, Gq, D)
+            s = torch.bmm(qs, self.y.transpose(1, 2))
+            if self.bias is None:
+                return s
+            return (s.float() + (qh * self.bias).sum(-1).view(HB, Gq, 1)).to(self.dtype)
+        if self.G == 1:
+            s = torch.bmm(q, self.y.transpose(1, 2)).float().mul_(self.scale.transpose(1, 2))
+        else:
+            s = None
+            for i in range(self.G):
+                gi = self._group(i)
+                part = torch.bmm(q[..., gi], self.y[..., gi].transpose(1, 2)).float()
+                part.mul_(self.scale[:, None, :, i])
+                s = part if s is None else s.add_(part)
+        if self.bias is not None:
+            qsum = q.float().view(HB, Gq, self.G, self.g).sum(-1)          # (H*B, Gq, G)
+            s.baddbmm_(qsum, self.bias.transpose(1, 2))
+        return s.to(self.dtype)
+
+    def values(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs (H*B, Gq, L) -> (H*B, Gq, D) in the compute dtype."""
+        HB, Gq, L = probs.shape
+        D = self.y.shape[-1]
+        if not self.per_token:
+            o = torch.bmm(probs.to(self.dtype), self.y).float().view(self.H, -1, Gq, D)
+            o.mul_(self.scale)
+            if self.bias is not None:
+                psum = probs.float().sum(-1).view(self.H, -1, Gq, 1)
+                o.add_(psum * self.bias)
+            return o.view(HB, Gq, D).to(self.dtype)
+        pf = probs.float()
+        if self.G == 1:
+            o = torch.bmm((pf * self.scale.transpose(1, 2)).to(self.dtype), self.y)
+        else:
+            o = torch.cat([torch.bmm((pf * self.scale[:, None, :, i]).to(self.dtype),
+                                     self.y[..., self._group(i)]) for i in range(self.G)], -1)
+        if self.bias is None:
+            return o
+        shift = torch.bmm(pf, self.bias)                                  # (H*B, Gq, G)
+        o = o.float().view(HB, Gq, self.G, self.g).add_(shift[..., None])
+        return o.view(HB, Gq, D).to(self.dtype)
