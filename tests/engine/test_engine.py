@@ -211,3 +211,19 @@ def test_extreme_but_valid_sampling_params_sample_the_top_token(kwargs):
     probs = torch.softmax(filter_logits(logits, SamplingParams(**kwargs)), dim=-1)
     assert not torch.isnan(probs).any()
     assert probs.argmax().item() == 1 and probs[1].item() == pytest.approx(1.0)
+
+
+def test_last_prefill_chunk_holds_the_observation_window():
+    """Chunked prefill must not leave SnapKV a final chunk shorter than its window W:
+    the scheduler stops W tokens before the end instead."""
+    from kvmap.request import SamplingParams as SP
+    llm = make_tiny_llm(kv="snapkv(budget=8,window=6,kernel=3)+fp32",
+                        max_num_batched_tokens=16)
+    engine = llm.engine
+    req = engine.add_request(random_prompts([34])[0], SP(max_tokens=2, ignore_eos=True))
+    chunks = []
+    while req.num_computed_tokens < req.num_prompt_tokens:
+        before = req.num_computed_tokens
+        engine.step()
+        chunks.append(req.num_computed_tokens - before)
+    assert chunks == [16, 12, 6]        # not [16, 16, 2]

@@ -63,7 +63,10 @@ class Engine:
         use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
         self.store = self._make_store(salt)
-        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store)
+        policy = self.kv_config.policy
+        min_last_chunk = policy.observation_window if policy is not None and \
+            policy.needs_window_attention else 1
+        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store, min_last_chunk)
         self.runner = ModelRunner(self.model, self.kv)
         self.policy = self.kv_config.policy
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \

@@ -45,8 +45,11 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None,
-                 store: TieredStore | None = None):
+                 store: TieredStore | None = None, min_last_chunk: int = 1):
         self.config = config
+        # tokens the chunk that completes a prompt must hold: a selection policy's
+        # observation window (SnapKV scores the prompt with its last W queries)
+        self.min_last_chunk = min_last_chunk
         self.kv = kv
         self.pool = kv.pool
         self.block_size = kv.block_size
@@ -117,7 +120,13 @@ class Scheduler:
         remaining = req.num_tokens - req.num_computed_tokens
         if remaining > budget and not self.config.chunked_prefill:
             return 0
-        return min(remaining, budget)
+        num_new = min(remaining, budget)
+        # never leave a last chunk shorter than min_last_chunk: stop that many tokens
+        # before the end instead (num_new only shrinks, so the budget holds, and
+        # remaining > min_last_chunk keeps it >= 1: no request starves)
+        if 0 < remaining - num_new < self.min_last_chunk < remaining:
+            num_new = remaining - self.min_last_chunk
+        return num_new
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         if self.pager is not None and any(self.pager.is_paged(r) for r in self.running):
