@@ -106,10 +106,18 @@ def _register_subcommands() -> None:
     """Each feature package adds its own command(s); cli.py only wires them."""
     from kvmap.bench.command import register as register_bench
     from kvmap.evals.command import register as register_eval
+    from kvmap.loadgen.command import register as register_loadgen
     from kvmap.plan.command import register as register_plan
+    from kvmap.plan.sim.command import register as register_simulate
+    from kvmap.report.command import register as register_report
+    from kvmap.server.command import register as register_serve
     register_bench(app)
     register_eval(app)
+    register_loadgen(app)
     register_plan(app)
+    register_simulate(app)
+    register_report(app)
+    register_serve(app)
 
 
 _register_subcommands()

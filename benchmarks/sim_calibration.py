@@ -1,0 +1,170 @@
+"""Calibrate ``kvmap simulate`` against the real engine on this machine.
+
+1. Measure this machine (``kvmap.plan.sim.calibrate.measure_this_machine``: matmul rate
+   by rows at the shapes of the model's layer matrices (random weights), copy bandwidth, and the per-step, per-layer
+   and per-sequence overheads of the engine on random tiny models), with one thread,
+   right before each workload (the machine is shared: its speed drifts within minutes).
+2. Run small workloads through the engine (``LLM()``, the embedded SmolLM2-135M in bf16,
+   one thread) and through the simulator on the measured ``cpu-this-machine`` profile,
+   with the same requests (exact prompt token counts), pool, block size, token budget
+   and sequence limit. Nothing of the SmolLM2 runs feeds the simulator.
+3. Print prediction errors (simulated / measured - 1) of output throughput, P50 TBT,
+   P50 TTFT and mean E2E, and write a JSON record under ``benchmarks/results/``.
+
+Each repeat measures the hardware and runs the engine back to back; a half-second speed
+probe taken right after the measurement and around the engine run rescales the profile
+to the machine's speed during the run (``calibrate.scaled``; the unscaled prediction is
+reported too). The reported error is the median of the per-repeat errors.
+
+    .venv/bin/python benchmarks/sim_calibration.py            # three workloads
+    .venv/bin/python benchmarks/sim_calibration.py --quick    # smaller
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_record  # noqa: E402
+
+from kvmap import LLM, SamplingParams  # noqa: E402
+from kvmap.bench.metrics import aggregate  # noqa: E402
+from kvmap.config import parse_size  # noqa: E402
+from kvmap.kv.config import KVConfig  # noqa: E402
+from kvmap.plan.catalogue import PlanModel  # noqa: E402
+from kvmap.plan.sim import EngineSettings, SimConfig, simulate  # noqa: E402
+from kvmap.plan.sim.calibrate import (layer_shapes, measure_this_machine, scaled,  # noqa: E402
+                                      speed_probe_s)
+from kvmap.plan.sim.workload import requests_from_workload  # noqa: E402
+from kvmap.workloads.presets import build_requests, get_preset  # noqa: E402
+from kvmap.workloads.arrivals import ClosedLoop  # noqa: E402
+from kvmap.workloads.lengths import Uniform  # noqa: E402
+
+KV_MEMORY = "256MiB"
+METRICS = (("output_tokens_per_s", None, "out tok/s"), ("tbt_s", "p50", "TBT p50"),
+           ("ttft_s", "p50", "TTFT p50"), ("e2e_s", "mean", "E2E mean"))
+
+
+def workloads(quick: bool) -> list[tuple[str, object, int]]:
+    """(label, WorkloadSpec, max_num_seqs): all requests are sent at once; the engine's
+    sequence limit is the concurrency."""
+    base = get_preset("throughput")
+    scale = 2 if quick else 1
+    return [
+        ("batch-1", replace(base, name="cal-b1", num_requests=4 // scale,
+                            prompt_len=Uniform(96, 160), output_len=Uniform(48, 80),
+                            arrival=ClosedLoop(1)), 1),
+        ("batch-8", replace(base, name="cal-b8", num_requests=16 // scale,
+                            prompt_len=Uniform(96, 160), output_len=Uniform(24, 40),
+                            arrival=ClosedLoop(8)), 8),
+        ("batch-16", replace(base, name="cal-b16", num_requests=32 // scale,
+                             prompt_len=Uniform(48, 80), output_len=Uniform(24, 40),
+                             arrival=ClosedLoop(16)), 16),
+    ]
+
+
+def value(metrics: dict, key: str, stat: str | None) -> float:
+    return metrics[key] if stat is None else metrics[key][stat]
+
+
+def run_engine(llm: LLM, requests) -> dict:
+    params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+    t0 = time.perf_counter()
+    outs = llm.generate([r.prompt for r in requests], params)
+    return aggregate(outs, duration_s=time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    max_seqs = max(n for _, _, n in workloads(args.quick))
+    llm = LLM(dtype="bf16", kv="bf16", kv_memory=KV_MEMORY, max_num_seqs=max_seqs,
+              max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
+    model = PlanModel(llm.model_config)
+    rows, record = [], []
+    shapes = layer_shapes(llm.model_config)
+    for label, spec, num_seqs in workloads(args.quick):
+        llm.engine.scheduler.config = replace(llm.engine.scheduler.config,
+                                              max_num_seqs=num_seqs)
+        requests = build_requests(spec, llm.tokenizer)
+        sim_requests = [replace(r, arrival_s=0.0)
+                        for r in requests_from_workload(requests, llm.tokenizer)]
+        run_engine(llm, requests[:2])                          # warm-up
+        pairs = []
+        # The machine is shared and its speed drifts within seconds: every repeat measures
+        # the hardware (then a speed probe), runs the engine between two more probes, and
+        # simulates on the measured profile scaled by the probes' ratio.
+        for repeat in range(args.repeats):
+            t0 = time.perf_counter()
+            hw = measure_this_machine("bf16", args.threads, matmul_shapes=shapes)
+            probe_at_measure = speed_probe_s()
+            probe_s = time.perf_counter() - t0
+            before = speed_probe_s()
+            real = run_engine(llm, requests)
+            after = speed_probe_s()
+            factor = probe_at_measure / ((before + after) / 2)
+            config = SimConfig(name=label, model=model, hardware=scaled(hw, factor),
+                               kv=KVConfig.parse("bf16"), workload=None,
+                               engine=EngineSettings(block_size=16, max_num_seqs=num_seqs,
+                                                     max_num_batched_tokens=512,
+                                                     kv_memory_bytes=parse_size(KV_MEMORY)))
+            sim = simulate(config, sim_requests)
+            unscaled = simulate(replace(config, hardware=hw), sim_requests)
+            pairs.append((hw, sim, real, factor, unscaled))
+            print(f"{label} #{repeat}: matmul peak {hw.compute_flops / 1e9:.0f} GFLOP/s "
+                  f"({hw.curve_efficiency(1):.0%} at 1 row, {hw.curve_efficiency(num_seqs):.0%}"
+                  f" at {num_seqs}), copy {hw.memory_bandwidth / 1e9:.1f} GB/s, overhead "
+                  f"{hw.step_overhead_s * 1e3:.2f} ms + {hw.layer_overhead_s * 1e3:.3f} ms/layer"
+                  f" + {hw.seq_overhead_s * 1e3:.3f} ms/seq (probe {probe_s:.1f} s, load "
+                  f"{os.getloadavg()[0]:.1f}, speed factor {factor:.2f}); TBT p50 simulated "
+                  f"{sim.metrics['tbt_s']['p50'] * 1e3:.1f} ms (unscaled "
+                  f"{unscaled.metrics['tbt_s']['p50'] * 1e3:.1f}), measured "
+                  f"{real['tbt_s']['p50'] * 1e3:.1f} ms", flush=True)
+        entry = {"workload": label, "num_requests": len(requests), "max_num_seqs": num_seqs,
+                 "prompt_tokens": [r.prompt_tokens for r in sim_requests],
+                 "output_tokens": [r.output_tokens for r in sim_requests],
+                 "hardware": [dict(p[0].__dict__) for p in pairs],
+                 "speed_factors": [p[3] for p in pairs],
+                 "bound_share": [p[1].bound_share for p in pairs], "metrics": {}}
+        for key, stat, name in METRICS:
+            measured = [value(p[2], key, stat) for p in pairs]
+            simulated = [value(p[1].metrics, key, stat) for p in pairs]
+            unscaled = [value(p[4].metrics, key, stat) for p in pairs]
+            errors = [s / m - 1 for s, m in zip(simulated, measured)]
+            unscaled_errors = [s / m - 1 for s, m in zip(unscaled, measured)]
+            entry["metrics"][name] = {
+                "measured": measured, "simulated": simulated, "errors": errors,
+                "median_error": statistics.median(errors), "simulated_unscaled": unscaled,
+                "unscaled_errors": unscaled_errors,
+                "median_unscaled_error": statistics.median(unscaled_errors)}
+            rows.append((label, name, statistics.median(measured), statistics.median(simulated),
+                         statistics.median(errors), statistics.median(unscaled_errors)))
+        record.append(entry)
+
+    print("\nmedians over the repeats; error: median of the per-repeat errors")
+    print(f"\n{'workload':<10} {'metric':<11} {'measured':>12} {'simulated':>12} {'error':>8}"
+          f" {'unscaled':>9}")
+    for label, name, real, predicted, error, unscaled_error in rows:
+        scale, unit = (1, "") if name == "out tok/s" else (1e3, " ms")
+        print(f"{label:<10} {name:<11} {real * scale:>10.2f}{unit:<3}"
+              f"{predicted * scale:>9.2f}{unit:<3} {error:>+7.1%} {unscaled_error:>+8.1%}")
+    path = write_record("sim_calibration", {
+        "model": "embedded SmolLM2-135M (bf16)", "kv": "bf16", "kv_memory": KV_MEMORY,
+        "max_num_batched_tokens": 512, "threads": args.threads, "repeats": args.repeats,
+        "quick": args.quick}, {"workloads": record})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

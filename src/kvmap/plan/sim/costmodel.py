@@ -1,0 +1,178 @@
+"""How long one engine step takes: a roofline over FLOPs and bytes, per resource.
+
+A step computes ``num_tokens`` new tokens (prefill chunks and one token per decoding
+sequence) of a batch. Its load is counted in pure numbers (:class:`StepLoad`), then timed
+on a :class:`~kvmap.plan.sim.hardware.Hardware`. The step's kernels run one after
+another, so each class of kernels is its own roofline and the classes add up::
+
+    matmul_flops = num_tokens x 2 x (weights a token multiplies)       dense layers
+                 + num_sampled x 2 x hidden x vocab                     LM head
+    attn_flops   = attention_pairs x 4 x layers x heads x head_dim      QK^T and PV
+    weight_bytes = weight_bytes / num_devices                           read once a step
+    kv_bytes     = (kv_read_tokens + kv_write_tokens) x KV bytes/token/device (exact codec)
+    rate         = num_devices x peak x compute_efficiency
+    matmul_s     = max(matmul_flops / (rate x curve(num_tokens)), weight_bytes / bandwidth)
+    attention_s  = max(attn_flops / rate, kv_bytes / bandwidth)
+    comm_s       = num_tokens x 2 all-reduces/layer x hidden x 2 B x 2(n-1)/n / link  (TP)
+    link_s[l]    = bytes streamed over tier link l this step / its bandwidth (offloaded KV)
+    overhead     = step_overhead + layers x layer_overhead
+                   + num_seqs x (seq_overhead + layers x seq_layer_overhead)
+    step_s       = overhead + comm_s + max(matmul_s + attention_s, link_s...)  streams overlap
+                 = overhead + comm_s + matmul_s + attention_s + sum(link_s)    they do not
+
+(``bandwidth`` is the HBM's times ``bandwidth_efficiency``.) Each class's time is charged
+to the resource that bounds it, ``compute`` or ``hbm``, so ``compute_s + hbm_s`` is
+``matmul_s + attention_s``: a decode step's matrix products are bound by reading the
+weights, its attention by reading the KV; a long prefill is compute-bound throughout.
+
+``attention_pairs`` counts (query token, key token) pairs: a decode over a context of c
+resident tokens is c pairs (plus itself); a causal prefill of tokens [s, e) is
+``sum_{t=s}^{e-1} (t + 1)`` pairs, as :func:`kvmap.kv.tiers.cost.prefill_flops` counts them.
+
+The resource with the largest time is the step's bottleneck; every step's times are kept
+so the results can say where the time went and when the bottleneck moved.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvmap.kv.config import KVConfig
+from kvmap.kv.spec import KVGeometry
+from kvmap.plan import capacity
+from kvmap.plan.catalogue import PlanModel
+from kvmap.plan.sim.hardware import Hardware
+from kvmap.plan.weights import weight_bytes
+
+ACTIVATION_BYTES = 2        # bf16 activations in the tensor-parallel all-reduce
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Per-model constants of the roofline (one KV configuration, one device count)."""
+
+    name: str
+    num_layers: int
+    dense_flops_per_token: float       # 2 x weights one token multiplies (LM head apart)
+    lm_head_flops: float               # 2 x hidden x vocab, per sampled token
+    attention_flops_per_pair: float    # 4 x layers x heads x head_dim
+    weight_bytes: int                  # all devices
+    weight_bytes_per_device: int
+    kv_block_bytes_per_device: int     # one pool block on one device, exact codec bytes
+    kv_block_bytes: int                # the block on all devices (what a tier stores)
+    block_size: int
+    allreduce_bytes_per_token: float   # per device, all layers (0 without TP)
+
+    @property
+    def kv_bytes_per_token_per_device(self) -> float:
+        return self.kv_block_bytes_per_device / self.block_size
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_block_bytes / self.block_size
+
+
+def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 16,
+               weights: str = "bf16") -> ModelCost:
+    """The constants of ``model`` with KV configuration ``kv`` on ``hw``."""
+    c = model.config
+    n = hw.num_devices
+    heads_per_device = capacity.kv_heads_per_gpu(c.num_kv_heads, c.num_heads, n)
+    geom_device = KVGeometry(c.num_layers, heads_per_device, c.head_dim, block_size)
+    kv.codec.validate_geometry(geom_device)
+    block_device = kv.codec.block_bytes(geom_device, capacity.COMPUTE_DTYPE)
+    attention_weights = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+    mlp_weights = 3 * c.hidden_size * c.intermediate_size * model.num_experts_per_tok
+    router = c.hidden_size * model.num_experts if model.num_experts > 1 else 0
+    all_weight_bytes = weight_bytes(model, weights)
+    return ModelCost(
+        name=c.name, num_layers=c.num_layers,
+        dense_flops_per_token=2.0 * c.num_layers * (attention_weights + mlp_weights + router),
+        lm_head_flops=2.0 * c.hidden_size * c.vocab_size,
+        attention_flops_per_pair=4.0 * c.num_layers * c.num_heads * c.head_dim,
+        weight_bytes=all_weight_bytes, weight_bytes_per_device=math.ceil(all_weight_bytes / n),
+        kv_block_bytes_per_device=block_device,
+        kv_block_bytes=block_device * n if heads_per_device * n == c.num_kv_heads
+        else kv.codec.block_bytes(KVGeometry.of(c, block_size), capacity.COMPUTE_DTYPE),
+        block_size=block_size,
+        allreduce_bytes_per_token=(0.0 if n == 1 else 2 * c.num_layers * c.hidden_size
+                                   * ACTIVATION_BYTES * 2 * (n - 1) / n))
+
+
+def causal_pairs(start_token: int, end_token: int) -> int:
+    """(query, key) pairs of computing tokens ``[start, end)`` with full causal attention."""
+    return (end_token * (end_token + 1) - start_token * (start_token + 1)) // 2
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What one step computes and moves (counts, no times)."""
+
+    num_tokens: int                # new tokens computed (prefill chunks + decodes)
+    num_sampled: int               # tokens that go through the LM head
+    attention_pairs: int           # (query, key) pairs of attention
+    kv_read_tokens: int            # KV tokens read from HBM (resident there)
+    kv_write_tokens: int           # KV tokens written to HBM
+    link_bytes: dict = field(default_factory=dict)   # tier link -> KV bytes streamed
+    num_seqs: int = 1              # sequences in the batch
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds each resource needs for one step, the step's total and its bottleneck."""
+
+    compute_s: float              # kernel classes bound by compute
+    hbm_s: float                  # kernel classes bound by HBM bandwidth
+    interconnect_s: float
+    overhead_s: float
+    link_s: dict                   # tier link -> seconds streaming offloaded KV
+    total_s: float
+    bound: str                     # the resource with the largest time
+    flops: float
+    hbm_bytes_per_device: float
+
+    def resource_s(self) -> dict[str, float]:
+        return {"compute": self.compute_s, "hbm": self.hbm_s,
+                "interconnect": self.interconnect_s, "overhead": self.overhead_s,
+                **self.link_s}
+
+
+def step_cost(mc: ModelCost, hw: Hardware, load: StepLoad, link_bandwidth: dict | None = None,
+              overlap_links: bool = True) -> StepCost:
+    """Time ``load`` on ``hw`` (see the module docstring). ``link_bandwidth`` maps each link
+    in ``load.link_bytes`` to bytes/s; ``overlap_links`` says whether streaming offloaded KV
+    overlaps the step's compute (layer-ahead prefetch) or adds to it."""
+    matmul_flops = (load.num_tokens * mc.dense_flops_per_token
+                    + load.num_sampled * mc.lm_head_flops)
+    attn_flops = load.attention_pairs * mc.attention_flops_per_pair
+    kv_bytes = (load.kv_read_tokens + load.kv_write_tokens) * mc.kv_bytes_per_token_per_device
+    bandwidth = hw.effective_bandwidth
+    compute_s = hbm_s = 0.0
+    for flops_s, bytes_s in (
+            (matmul_flops / (hw.effective_flops * hw.curve_efficiency(load.num_tokens)),
+             mc.weight_bytes_per_device / bandwidth),
+            (attn_flops / hw.effective_flops, kv_bytes / bandwidth)):
+        if flops_s >= bytes_s:
+            compute_s += flops_s
+        else:
+            hbm_s += bytes_s
+    flops, hbm_bytes = matmul_flops + attn_flops, mc.weight_bytes_per_device + kv_bytes
+    comm_s = (load.num_tokens * mc.allreduce_bytes_per_token / hw.interconnect_bandwidth
+              if mc.allreduce_bytes_per_token else 0.0)
+    overhead_s = (hw.step_overhead_s + mc.num_layers * hw.layer_overhead_s
+                  + load.num_seqs * (hw.seq_overhead_s
+                                     + mc.num_layers * hw.seq_layer_overhead_s))
+    link_s = {link: num_bytes / (link_bandwidth or {})[link]
+              for link, num_bytes in load.link_bytes.items() if num_bytes}
+    core_s = compute_s + hbm_s
+    if overlap_links:
+        body_s = max(core_s, *link_s.values()) if link_s else core_s
+    else:
+        body_s = core_s + sum(link_s.values())
+    times = {"compute": compute_s, "hbm": hbm_s, "interconnect": comm_s,
+             "overhead": overhead_s, **link_s}
+    return StepCost(compute_s=compute_s, hbm_s=hbm_s, interconnect_s=comm_s,
+                    overhead_s=overhead_s, link_s=link_s,
+                    total_s=overhead_s + comm_s + body_s,
+                    bound=max(times, key=times.get), flops=flops,
+                    hbm_bytes_per_device=hbm_bytes)
