@@ -1,12 +1,26 @@
 """Applies a selection policy inside the engine, after each step.
 
-When a sequence's prompt has just been computed and it holds more slots than its
-budget, or when decoding has grown it one block past the budget, every layer is scored
-and compacted to exactly ``budget`` slots, and the freed tail blocks go back to the
-pool. Between compressions a sequence holds at most ``budget + block_size - 1`` slots.
+A sequence is compressed -- every layer scored and compacted to exactly ``budget``
+slots, the freed tail blocks back to the pool -- when it holds more slots than its
+budget after
+
+- a prefill chunk, if the policy is ``chunked`` (the peak is then budget + one chunk);
+- the chunk that completes its prompt, otherwise (the whole prompt is resident first);
+- a decode step that has grown it one block past the budget.
+
+Once its prompt is done a sequence holds at most ``budget + block_size - 1`` slots.
 
 H2O-style policies keep, per request and layer, the attention each slot has received
 so far; compaction gathers it along with the kept slots.
+
+Per-layer budgets (``layer_budgets``): the block table serves every layer, so the
+sequence holds ``budget = max(layer budgets)`` slots and layer l keeps its b_l tokens in
+slots 0..b_l-1. Its slots b_l..budget-1 are a hole, named in ``req.kv_holes`` (layer ->
+(first, end) slot) for attention to mask out (``AttentionMetadata.hidden``) and left
+out of the next selection; new tokens go after ``budget`` as usual:
+
+    layer 0 (b=6): [k k k k k k|n n]        budget = 6, two new tokens
+    layer 1 (b=3): [k k k . . .|n n]        hole (3, 6)
 """
 from __future__ import annotations
 
@@ -28,8 +42,16 @@ class PolicyRunner:
         self.num_compressions = 0
         self.num_evicted_tokens = 0     # slot-tokens dropped, per layer (summed / layers)
 
+    def layer_budgets(self, req: Request) -> list[int]:
+        budgets = getattr(req, "policy_layer_budgets", None)
+        if budgets is None:
+            budgets = req.policy_layer_budgets = self.policy.layer_budget_tokens(
+                req.num_prompt_tokens, self.num_layers)
+        return budgets
+
     def budget(self, req: Request) -> int:
-        return self.policy.budget_tokens(req.num_prompt_tokens)
+        """Slots the sequence is compressed to: the largest layer budget."""
+        return max(self.layer_budgets(req))
 
     def after_step(self, items: list[tuple[Request, int]], meta: AttentionMetadata) -> None:
         """``items`` as run (decodes first), with their counters already advanced."""
@@ -43,9 +65,13 @@ class PolicyRunner:
                 prefill_idx += 1
             self._accumulate(req, meta, is_decode, where)
             budget = self.budget(req)
-            prompt_done = not is_decode and req.num_computed_tokens == req.num_tokens
             over = req.num_kv_slots - budget
-            if (prompt_done and over > 0) or (is_decode and over >= self.kv.block_size):
+            if is_decode:
+                due = over >= self.kv.block_size
+            else:
+                prompt_done = req.num_computed_tokens == req.num_tokens
+                due = over > 0 and (prompt_done or self.policy.chunked)
+            if due:
                 self._compress(req, budget, meta, is_decode, where)
 
     def _accumulate(self, req: Request, meta: AttentionMetadata, is_decode: bool,
@@ -68,19 +94,34 @@ class PolicyRunner:
                   is_decode: bool, where: int) -> None:
         L = req.num_kv_slots
         acc = getattr(req, "policy_acc", None)
-        for layer in range(self.num_layers):
+        # a preempted request restarts with evicted=False: its old holes no longer apply
+        holes = (getattr(req, "kv_holes", None) if req.evicted else None) or {}
+        new_holes = {}
+        for layer, layer_budget in enumerate(self.layer_budgets(req)):
             k, v = read_sequence(self.kv, layer, req.block_ids, L)
             window = None
             if self.policy.needs_window_attention:
                 stats = meta.scores[layer]
                 window = (stats["decode"][where, :, None, :L] if is_decode
                           else stats["window"].get(where))
-            inputs = ScoreInputs(layer, k, v, window, acc[layer] if acc else None,
-                                 req.num_prompt_tokens, self.generator)
-            kept = self.policy.select(inputs, budget)                     # (H, budget)
+            layer_acc = acc[layer] if acc else None
+            if layer in holes:                    # score only the slots the layer holds
+                first, end = holes[layer]
+                valid = torch.cat([torch.arange(first), torch.arange(end, L)])
+                k, v = k[valid], v[valid]
+                window = window[..., valid] if window is not None else None
+                layer_acc = layer_acc[:, valid] if layer_acc is not None else None
+            inputs = ScoreInputs(layer, k, v, window, layer_acc, req.num_prompt_tokens,
+                                 self.generator)
+            kept = self.policy.select(inputs, layer_budget)           # (H, layer_budget)
             compact_layer(self.kv, layer, req.block_ids, k, v, kept)
-            if acc:
-                acc[layer] = torch.gather(acc[layer], 1, kept)
+            if layer_acc is not None:
+                kept_acc = torch.zeros(layer_acc.shape[0], budget)
+                kept_acc[:, :kept.shape[1]] = torch.gather(layer_acc, 1, kept)
+                acc[layer] = kept_acc
+            if kept.shape[1] < budget:
+                new_holes[layer] = (kept.shape[1], budget)
+        req.kv_holes = new_holes or None
         req.block_ids = release_tail(self.kv, req.block_ids, budget)
         req.num_kv_slots = budget
         req.evicted = True

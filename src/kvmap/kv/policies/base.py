@@ -1,14 +1,23 @@
 """Selection policies: which cached tokens to keep when a sequence exceeds its budget.
 
 A policy only scores tokens; the base class does the rest (budget arithmetic, forced
-keeps, top-k per KV head). The engine (``kvmap.engine.policy_runner``) calls it after
-prefill (compressing the prompt) and during decoding (whenever the sequence has grown
-one block past its budget), layer by layer, then compacts the kept tokens into the
-sequence's first blocks and returns the freed blocks to the pool
-(``kvmap.kv.compaction``).
+keeps, top-k per KV head). The engine (``kvmap.engine.policy_runner``) calls it during
+prefill (after each prefill chunk that leaves the sequence over its budget, when
+``chunked``; otherwise once, after the chunk that completes the prompt) and during
+decoding (whenever the sequence has grown one block past its budget), layer by layer,
+then compacts the kept tokens into the sequence's first blocks and returns the freed
+blocks to the pool (``kvmap.kv.compaction``).
+
+``chunked`` bounds the peak: with prefill chunks of C tokens a sequence never holds more
+than ``budget + C`` slots, instead of its whole prompt before the first compression. A
+budget given as a fraction of the prompt is known at admission (the prompt length is),
+so the first chunks already compress to the final budget.
 
 Selection is per layer and per KV head: head h of layer l may keep different tokens,
-but every head keeps the same number, so one block table serves all layers.
+but every head keeps the same number, so one block table serves all layers. With
+``layer_budgets`` (``kvmap.kv.policies.layer_budgets``: ``pyramid`` or one budget per
+layer) layers keep different numbers; the sequence holds the largest and a smaller
+layer's unused slots are masked out of attention.
 
 Slots are in time order (compaction preserves order), so "recent" means the last slots
 and "sinks" the first ones.
@@ -22,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from kvmap.kv.options import Options
+from kvmap.kv.policies.layer_budgets import parse_layer_budgets, split_budget
 
 
 @dataclass
@@ -52,12 +62,22 @@ class Policy(Options):
     def observation_window(self) -> int:
         return 1
 
+    @property
+    def chunked(self) -> bool:
+        """Compress after every prefill chunk (True) or only once the prompt is done."""
+        return bool(self.options.get("chunked", False))
+
     def validate(self) -> None:
+        chunked = self.options.get("chunked", False)
+        if not isinstance(chunked, bool):
+            raise ValueError(f"{self.name}(chunked={chunked!r}) must be true or false")
         b = self.options.get("budget")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0 or \
                 (isinstance(b, float) and b > 1):
             raise ValueError(f"{self.name}(budget={b!r}): a budget is a token count >= 1 "
                              f"or a fraction of the prompt in (0, 1]")
+        if "layer_budgets" in self.options:
+            parse_layer_budgets(self.options["layer_budgets"])
         for key in ("sinks", "recent", "window"):
             v = self.options.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -70,6 +90,13 @@ class Policy(Options):
         b = self.options["budget"]
         n = b if isinstance(b, int) else math.ceil(b * num_prompt_tokens)
         return max(1, n, self.num_sinks + self.num_recent)
+
+    def layer_budget_tokens(self, num_prompt_tokens: int, num_layers: int) -> list[int]:
+        """Tokens to keep in each layer (``kvmap.kv.policies.layer_budgets``): the budget
+        everywhere unless the policy has ``layer_budgets``."""
+        spec = parse_layer_budgets(self.options.get("layer_budgets"))
+        return split_budget(spec, self.budget_tokens(num_prompt_tokens), num_layers,
+                            num_prompt_tokens, floor=self.num_sinks + self.num_recent)
 
     @property
     def num_sinks(self) -> int:

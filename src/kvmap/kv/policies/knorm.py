@@ -5,7 +5,9 @@ Devoto et al., "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compr
 computing attention at all. Rotary embeddings rotate pairs of channels, so the norm of
 the cached (rotated) key equals that of the raw key.
 
-Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt.
+Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
+``chunked`` -- compress after each prefill chunk (default true; the norm of a key does
+not depend on what follows it); ``layer_budgets`` -- ``pyramid`` or one budget per layer.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kvmap.kv.policies.base import Policy, ScoreInputs
 
 class KNorm(Policy):
     name = "knorm"
-    defaults = {"budget": 0.25}
+    defaults = {"budget": 0.25, "chunked": True, "layer_budgets": None}
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         return -inputs.keys.float().norm(dim=-1).T                        # (H, L)

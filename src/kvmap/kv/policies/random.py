@@ -5,7 +5,8 @@ Any policy worth its cost must beat it at the same budget. The draw depends only
 whatever else is in the batch or ran before.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
-``seed`` -- integer seed of the draws.
+``seed`` -- integer seed of the draws; ``chunked`` -- compress after each prefill chunk
+(default true); ``layer_budgets`` -- ``pyramid`` or one budget per layer.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from kvmap.kv.policies.base import Policy, ScoreInputs
 
 class Random(Policy):
     name = "random"
-    defaults = {"budget": 0.25, "seed": 0}
+    defaults = {"budget": 0.25, "seed": 0, "chunked": True, "layer_budgets": None}
 
     def validate(self) -> None:
         super().validate()

@@ -1,24 +1,34 @@
-"""``snapkv(budget=B, window=32, kernel=7, pooling=avg)``: attention from an observation
-window at the end of the prompt, pooled along the keys.
+"""``snapkv(budget=B, window=32, kernel=11, pooling=avg, chunked=false)``: attention from
+an observation window at the end of the prompt, pooled along the keys.
 
 Li et al., "SnapKV: LLM Knows What You Are Looking for Before Generation" (2024). The
 last ``window`` prompt tokens (in practice the question) already attend to what the
 answer needs. Each key is scored by the attention it receives from those queries,
-summed over them, then smoothed by a 1-D pooling of width ``kernel`` along the keys so
-that a selected token brings its neighbours (keeping whole phrases, not lone tokens).
-The observation window itself is always kept.
+summed over them and over the query heads of its KV head (GQA; kvpress averages, the
+same ranking), then smoothed by a 1-D pooling of width ``kernel`` along the keys so that
+a selected token brings its neighbours. The observation window itself is always kept and
+takes no part in the pooling (as in the reference code).
 
-The kernel must span what has to be kept whole: with SmolLM2's digit-by-digit tokenizer a
-5-digit passkey is 6 tokens after the phrase the question points at, and at a 25% budget
-``kernel=7`` kept the whole key in 9 of 15 passkey cells, ``kernel=11`` in 15 of 15
-(``benchmarks/policies.py``).
+Why ``kernel=11`` (the paper and kvpress use 5-7): the question's queries attend to the
+phrase that matches it ("...number for Lisbon is"), not to the answer that follows, and
+a centred pooling keeps only ``kernel // 2`` tokens past that phrase. SmolLM2 writes a
+5-digit key as a space and 5 digit tokens, so ``kernel=7`` kept "is 78" of "is 78031"
+in the retrieval layers and the model answered "7800000"; ``kernel=11`` keeps the whole
+key. Passkey at a 25% budget, 1k/2k tokens x 5 depths: kernel 7: 50%, 9: see
+docs/policies.md, 11: 100% (``benchmarks/policies.py``). A wider window (64) does not
+help (40%): the extra queries vote for the same phrase.
 
-During decoding (the engine compresses again each time a sequence grows one block past
-its budget) the observation window is the newest query alone.
+``chunked=true`` compresses after every prefill chunk, scoring each chunk with its own
+last ``window`` queries (the peak is budget + one chunk instead of the whole prompt;
+the early chunks' queries are text, not the question). During decoding (the engine
+compresses again each time a sequence grows one block past its budget) the observation
+window is the newest query alone.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``window`` -- observation queries (and forced recent tokens, at most the budget);
-``kernel`` -- pooling width in tokens; ``pooling`` -- ``avg`` (the paper) or ``max``.
+``kernel`` -- pooling width in tokens; ``pooling`` -- ``avg`` (the paper) or ``max``;
+``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
+``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``).
 """
 from __future__ import annotations
 
@@ -30,7 +40,8 @@ from kvmap.kv.policies.base import Policy, ScoreInputs
 
 class SnapKV(Policy):
     name = "snapkv"
-    defaults = {"budget": 0.25, "window": 32, "kernel": 7, "pooling": "avg"}
+    defaults = {"budget": 0.25, "window": 32, "kernel": 11, "pooling": "avg", "chunked": False,
+                "layer_budgets": None}
     needs_window_attention = True
 
     def validate(self) -> None:
@@ -50,8 +61,15 @@ class SnapKV(Policy):
         return min(self.options["window"], num_keep)
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        # As in the reference code, the observation window's own keys (always kept) take
+        # no part in the pooling: their large votes would spill onto the keys before them.
         votes = inputs.window_attention.sum(1)                            # (H, L)
-        return pool_along_keys(votes, self.options["kernel"], self.options["pooling"])
+        num_scored = max(0, votes.shape[1] - self.options["window"])
+        scores = torch.full_like(votes, float("inf"))
+        if num_scored:
+            scores[:, :num_scored] = pool_along_keys(
+                votes[:, :num_scored], self.options["kernel"], self.options["pooling"])
+        return scores
 
 
 def pool_along_keys(scores: torch.Tensor, kernel: int, pooling: str = "avg") -> torch.Tensor:

@@ -4,7 +4,9 @@ Xiao et al., "Efficient Streaming Language Models with Attention Sinks" (ICLR 20
 the first few tokens absorb attention mass whatever their content, so keeping them
 (``sinks``) with the ``window`` most recent tokens keeps the model stable. The budget
 is ``sinks + window`` tokens; ``budget=B`` instead sets the window to B - sinks (a count,
-or a fraction of the prompt).
+or a fraction of the prompt). With ``chunked`` (the default) the prompt is compressed
+after each prefill chunk, as StreamingLLM streams its input: the kept set is the same
+sinks + window, and the peak is the budget plus one chunk.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from kvmap.kv.policies.base import Policy, ScoreInputs
 
 class StreamingLLM(Policy):
     name = "streaming_llm"
-    defaults = {"sinks": 4, "window": None, "budget": None}
+    defaults = {"sinks": 4, "window": None, "budget": None, "chunked": True}
 
     def validate(self) -> None:
         if (self.options["window"] is None) == (self.options["budget"] is None):

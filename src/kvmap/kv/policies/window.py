@@ -1,4 +1,8 @@
-"""``window(size=N)``: keep the most recent N tokens (sliding-window attention)."""
+"""``window(size=N)``: keep the most recent N tokens (sliding-window attention).
+
+Parameters: ``size`` -- tokens kept; ``chunked`` -- compress after each prefill chunk
+(default true), so a long prompt never holds more than ``size`` + one chunk.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,12 +12,14 @@ from kvmap.kv.policies.base import Policy, ScoreInputs
 
 class Window(Policy):
     name = "window"
-    defaults = {"size": 1024}
+    defaults = {"size": 1024, "chunked": True}
 
     def validate(self) -> None:
         size = self.options["size"]
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"window(size={size!r}) must be an integer >= 1")
+        if not isinstance(self.options["chunked"], bool):
+            raise ValueError(f"window(chunked={self.options['chunked']!r}) must be true or false")
 
     def budget_tokens(self, num_prompt_tokens: int) -> int:
         return self.options["size"]
