@@ -2,6 +2,11 @@
 tests marked ``slow`` load the real embedded SmolLM2-135M (they run in CI too)."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,3 +41,19 @@ def real_llm_fp32():
 def random_prompts(lengths, vocab=256, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``kvmap bench --quick --json`` once per session, shared by the bench test and the
+    report's browser test, so CI runs the quick bench once."""
+    base = tmp_path_factory.getbasetemp()
+    out, saved = base / "kvmap-bench-quick", base / "kvmap-bench-quick.json"
+    if not saved.exists():
+        proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
+                               str(out), "--json"], capture_output=True, text=True,
+                              timeout=900)
+        saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                     "stderr": proc.stderr}))
+    done = json.loads(saved.read_text())
+    return out, subprocess.CompletedProcess([], done["returncode"], done["stdout"],
+                                            done["stderr"])

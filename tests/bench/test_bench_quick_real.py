@@ -2,32 +2,16 @@
 its two-minute form, through the real command line. Marked slow (runs in CI).
 
 The run is made once per session and shared with tests/report/test_report_browser.py
-(through the session's base temporary directory; the same helper is in both files)."""
+(through the session's base temporary directory; `shared_quick_run` in tests/conftest.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared_quick_run
+
 pytestmark = pytest.mark.slow
-
-
-def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """``kvmap bench --quick --json`` once per session (same code in the report test)."""
-    base = tmp_path_factory.getbasetemp()
-    out, saved = base / "kvmap-bench-quick", base / "kvmap-bench-quick.json"
-    if not saved.exists():
-        proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
-                               str(out), "--json"], capture_output=True, text=True,
-                              timeout=900)
-        saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
-                                     "stderr": proc.stderr}))
-    done = json.loads(saved.read_text())
-    return out, subprocess.CompletedProcess([], done["returncode"], done["stdout"],
-                                            done["stderr"])
 
 
 def test_bench_quick_writes_a_complete_run(tmp_path_factory):

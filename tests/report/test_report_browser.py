@@ -12,11 +12,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.conftest import shared_quick_run
 
 pytestmark = pytest.mark.slow
 
@@ -35,21 +36,6 @@ window.addEventListener('load', function () {
   document.body.appendChild(out);
 });
 </script>"""
-
-
-def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """``kvmap bench --quick --json`` once per session (same code in the bench test)."""
-    base = tmp_path_factory.getbasetemp()
-    out, saved = base / "kvmap-bench-quick", base / "kvmap-bench-quick.json"
-    if not saved.exists():
-        proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
-                               str(out), "--json"], capture_output=True, text=True,
-                              timeout=900)
-        saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
-                                     "stderr": proc.stderr}))
-    done = json.loads(saved.read_text())
-    return out, subprocess.CompletedProcess([], done["returncode"], done["stdout"],
-                                            done["stderr"])
 
 
 def chromium() -> str:

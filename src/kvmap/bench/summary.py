@@ -14,7 +14,8 @@ from rich.table import Table
 from kvmap.config import format_bytes
 
 
-def _dig(record: dict, *keys):
+def cell_metric(record: dict, *keys):
+    """``record["metrics"][k1][k2]...``, or None where any level is missing."""
     value = record.get("metrics") or {}
     for key in keys:
         if not isinstance(value, dict):
@@ -62,10 +63,10 @@ def summary_rows(records: list[dict]) -> list[dict]:
     rows = []
     for (model, kv), cells in groups.items():
         ok = [c for c in cells if c["status"] == "ok"]
-        per_token = next((_dig(c, "kv_bytes_per_token") for c in ok
-                          if _dig(c, "kv_bytes_per_token")), None)
-        peaks_kv = [_dig(c, "peak_kv_resident_bytes") for c in ok]
-        peaks_rss = [_dig(c, "peak_rss_bytes") for c in cells]
+        per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
+                          if cell_metric(c, "kv_bytes_per_token")), None)
+        peaks_kv = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]
+        peaks_rss = [cell_metric(c, "peak_rss_bytes") for c in cells]
         row = {"model": model, "kv": kv,
                "kv_bytes_per_token": "-" if per_token is None else f"{per_token:,.0f}",
                "peak_kv": _max_bytes(peaks_kv), "peak_rss": _max_bytes(peaks_rss)}
@@ -77,12 +78,12 @@ def summary_rows(records: list[dict]) -> list[dict]:
             if cell["status"] != "ok":
                 row.update({f"{w}|tok/s": "failed", f"{w}|ttft": "", f"{w}|tbt": ""})
                 continue
-            tps = _dig(cell, "output_tokens_per_s")
+            tps = cell_metric(cell, "output_tokens_per_s")
             row[f"{w}|tok/s"] = "-" if tps is None else f"{tps:.1f}"
-            row[f"{w}|ttft"] = _pair_ms(_dig(cell, "ttft_s"))
-            row[f"{w}|tbt"] = _pair_ms(_dig(cell, "tbt_s"))
-            if _dig(cell, "needle_accuracy") is not None:
-                row[f"{w}|needle"] = f"{_dig(cell, 'needle_accuracy'):.0%}"
+            row[f"{w}|ttft"] = _pair_ms(cell_metric(cell, "ttft_s"))
+            row[f"{w}|tbt"] = _pair_ms(cell_metric(cell, "tbt_s"))
+            if cell_metric(cell, "needle_accuracy") is not None:
+                row[f"{w}|needle"] = f"{cell_metric(cell, 'needle_accuracy'):.0%}"
         for t in tasks:
             cell = next((c for c in cells if c.get("task") == t), None)
             row[t] = ("" if cell is None else "failed" if cell["status"] != "ok"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvmap.bench.summary import cell_metric
 from kvmap.evals.stats import paired_delta
 
 _SLO_KEY = re.compile(r"(ttft|tbt|tpot|e2e|queue)(?:_(mean|max|p\d+(?:\.\d+)?))?_s")
@@ -157,21 +158,12 @@ def is_good(row: dict, slo: dict[str, float]) -> bool:
 
 # ---- building the summaries ---------------------------------------------------------------
 
-def _metric(record: dict, *keys):
-    value = record.get("metrics") or {}
-    for key in keys:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
-
-
 def primary_workload(cells: list[dict]) -> str | None:
     """The workload with the most requests (first in scenario order on a tie)."""
     sizes: dict[str, int] = {}
     for c in cells:
         if c.get("workload"):
-            n = _metric(c, "num_requests") or 0
+            n = cell_metric(c, "num_requests") or 0
             sizes[c["workload"]] = max(sizes.get(c["workload"], 0), n)
     return max(sizes, key=lambda w: sizes[w]) if sizes else None
 
@@ -196,8 +188,8 @@ def _task_result(cell: dict, baseline: dict | None) -> TaskResult:
                 d = paired_delta(theirs, mine)      # baseline - this: a drop is positive
                 result.drop_pct = 100.0 * d["mean"]
                 result.drop_ci = (100.0 * d["ci_low"], 100.0 * d["ci_high"])
-            elif _metric(baseline, "accuracy") is not None:
-                result.drop_pct = 100.0 * (_metric(baseline, "accuracy") - m["accuracy"])
+            elif cell_metric(baseline, "accuracy") is not None:
+                result.drop_pct = 100.0 * (cell_metric(baseline, "accuracy") - m["accuracy"])
         return result
     return TaskResult(name, "other")
 
@@ -208,7 +200,7 @@ def _needle_result(cell: dict, baseline: dict | None, rows: list[dict],
     samples are its requests, paired with the baseline's by request id; its grid is
     prompt length x needle depth."""
     name = f"{cell['workload']} (needle)"
-    result = TaskResult(name, "accuracy", _metric(cell, "needle_accuracy"))
+    result = TaskResult(name, "accuracy", cell_metric(cell, "needle_accuracy"))
     judged = [r for r in rows if r.get("correct") is not None]
     cells: dict[tuple[int, float], list[bool]] = {}
     for r in judged:
@@ -252,9 +244,9 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
                           model=model, is_baseline=kv == group[0].get("dtype"),
                           num_cells=len(group), num_failed=len(group) - len(ok),
                           primary_workload=primary)
-        s.kv_bytes_per_token = next((_metric(c, "kv_bytes_per_token") for c in ok
-                                     if _metric(c, "kv_bytes_per_token")), None)
-        peaks = [_metric(c, "peak_kv_resident_bytes") for c in ok]
+        s.kv_bytes_per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
+                                     if cell_metric(c, "kv_bytes_per_token")), None)
+        peaks = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]
         peaks = [p for p in peaks if isinstance(p, (int, float))]
         s.peak_kv_bytes = max(peaks) if peaks else None
         for c in ok:
@@ -268,7 +260,7 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
         for c in group:
             if c.get("task"):
                 s.tasks[c["task"]] = _task_result(c, baselines.get((model, c["task"])))
-            elif c["status"] == "ok" and _metric(c, "needle_accuracy") is not None:
+            elif c["status"] == "ok" and cell_metric(c, "needle_accuracy") is not None:
                 base = base_workloads.get((model, c["workload"]))
                 s.tasks[f"{c['workload']} (needle)"] = _needle_result(
                     c, base, rows_by_cell.get(c["cell_id"], []),
