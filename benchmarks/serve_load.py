@@ -147,7 +147,7 @@ def loopback(args, tokenizer, console: Console, stamp: str) -> dict:
 def step(args, tokenizer, console: Console, stamp: str) -> dict:
     steps = "0.3@10s,1.5@15s,0.3@15s" if args.quick else "0.3@20s,1.5@30s,0.3@30s"
     phases = parse_steps(steps)
-    policy = ROOT / "examples" / "adaptive.yaml"
+    policy = Path(args.policy)
     runs = {}
     for name, server_args in (("fixed-bf16", ("--kv", "bf16")),
                               ("adaptive", ("--adaptive", str(policy)))):
@@ -221,6 +221,8 @@ def main() -> None:
     parser.add_argument("--kv-memory", default="16MiB",
                         help="KV byte budget of each step-load server (small, so that "
                              "memory binds under the high step)")
+    parser.add_argument("--policy", default=str(ROOT / "examples" / "adaptive-cpu.yaml"),
+                        help="adaptive policy file of the step-load run")
     args = parser.parse_args()
     console = Console(width=200)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -233,7 +235,8 @@ def main() -> None:
         metrics["step"] = step(args, tokenizer, console, stamp)
     metrics["load_avg_1m"] = {"start": load_start, "end": os.getloadavg()[0]}
     path = write_record("serve_load", {"part": args.part, "quick": args.quick,
-                                       "kv_memory": args.kv_memory}, metrics)
+                                       "kv_memory": args.kv_memory, "policy": args.policy},
+                        metrics)
     console.print(f"record: {path}  (machine load average {load_start:.1f} -> "
                   f"{os.getloadavg()[0]:.1f}: timings are from a shared, loaded machine)")
 

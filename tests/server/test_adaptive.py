@@ -87,6 +87,10 @@ def test_down_needs_every_signal_low():
     ({"min_dwell_s": -1}, "min_dwell_s"),
     ({"window_s": 0}, "window_s"),
     ({"colour": "red"}, "unknown keys"),
+    ({"levels": [{"kv": "bf16"}, {**POLICY["levels"][1], "max_num_seqs": 0}]},
+     "levels[1].max_num_seqs=0 must be a positive integer"),
+    ({"levels": [{"kv": "bf16"}, {**POLICY["levels"][1], "max_num_batched_tokens": 1.5}]},
+     "levels[1].max_num_batched_tokens=1.5"),
 ])
 def test_bad_policies_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -108,3 +112,12 @@ def test_latency_window_forgets_old_samples():
         w.add(float(t), 0.5 if t < 50 else 0.01)
     assert w.p99_ms(99.0) == pytest.approx(10.0)
     assert LatencyWindow(5).p99_ms(0.0) == 0.0
+
+
+def test_a_level_may_cap_its_batch():
+    policy = AdaptivePolicy.from_dict({**POLICY, "levels": [
+        {"kv": "bf16"}, {**POLICY["levels"][1], "max_num_seqs": 8,
+                         "max_num_batched_tokens": 64}]})
+    assert policy.levels[0].scheduler_overrides() == {}
+    assert policy.levels[1].scheduler_overrides() == {"max_num_seqs": 8,
+                                                      "max_num_batched_tokens": 64}

@@ -15,7 +15,7 @@ from tests.server.conftest import start_server
 POLICY = {"window_s": 2, "min_dwell_s": 0.2, "interval_s": 0.05,
           "levels": [{"kv": "fp32"},
                      {"kv": "int8", "up": {"num_waiting": 2},
-                      "down": {"num_waiting": 0, "kv_usage": 0.05}}]}
+                      "down": {"num_waiting": 0, "kv_usage": 0.05}, "max_num_seqs": 3}]}
 
 
 def metric(server, name, **labels):
@@ -56,6 +56,8 @@ def test_switch_under_load_and_back(tmp_path):
             t.start()
         # one runs, the others wait: num_waiting >= 2 -> switch to int8
         assert wait_for(lambda: server.loop.active_kv == "int8"), server.loop.switches
+        # the level's own batch cap; the server's (1) elsewhere
+        assert server.loop.active.config.scheduler.max_num_seqs == 3
         with server.client() as c:             # a request sent now runs on the new engine
             r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3,
                                                 "return_token_ids": True})

@@ -13,6 +13,8 @@ Policy file (YAML; see docs/serving.md and examples/adaptive.yaml)::
       - kv: int4
         up:   {kv_usage: 0.85, num_waiting: 16}
         down: {kv_usage: 0.50, num_waiting: 2}
+        max_num_seqs: 16              # optional per level: cap the batch (admission control)
+        max_num_batched_tokens: 128   # and the step's token budget (shorter prefill chunks)
 
 Rules, at level i (evaluated every ``interval_s``):
 
@@ -70,11 +72,23 @@ def _thresholds(value, where: str) -> dict[str, float]:
     return out
 
 
+SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
+
+
 @dataclass(frozen=True)
 class Level:
     kv: str
     up: dict = field(default_factory=dict)      # signal -> threshold to enter this level
     down: dict = field(default_factory=dict)    # signal -> threshold to leave it downwards
+    # the engine of this level may also cap its batch (admission control): a cheaper KV
+    # configuration frees memory, and without a cap that memory becomes more concurrent
+    # sequences, which lengthens every step (measured: docs/serving.md)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def scheduler_overrides(self) -> dict[str, int]:
+        """The scheduler limits this level sets (the server's own for the rest)."""
+        return {k: getattr(self, k) for k in SCHEDULER_KEYS if getattr(self, k) is not None}
 
 
 @dataclass(frozen=True)
@@ -122,15 +136,21 @@ class AdaptivePolicy:
         for i, raw in enumerate(raw_levels):
             if not isinstance(raw, dict) or not isinstance(raw.get("kv"), str):
                 raise ValueError(f"levels[{i}]={raw!r} must be a mapping with a 'kv' spec string")
-            extra = set(raw) - {"kv", "up", "down"}
+            extra = set(raw) - {"kv", "up", "down", *SCHEDULER_KEYS}
             if extra:
                 raise ValueError(f"levels[{i}]: unknown keys {sorted(extra)}")
+            for key in SCHEDULER_KEYS:
+                value = raw.get(key)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                          or value < 1):
+                    raise ValueError(f"levels[{i}].{key}={value!r} must be a positive integer")
             try:
                 KVConfig.parse(raw["kv"])
             except ValueError as e:
                 raise ValueError(f"levels[{i}].kv: {e}") from None
             levels.append(Level(raw["kv"], _thresholds(raw.get("up"), f"levels[{i}].up"),
-                                _thresholds(raw.get("down"), f"levels[{i}].down")))
+                                _thresholds(raw.get("down"), f"levels[{i}].down"),
+                                **{k: raw[k] for k in SCHEDULER_KEYS if k in raw}))
         options = {k: data[k] for k in ("window_s", "min_dwell_s", "interval_s") if k in data}
         return cls(levels=tuple(levels), **options)
 

@@ -1,6 +1,7 @@
 """``kvmap serve``: the OpenAI-compatible server on uvicorn."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -37,6 +38,8 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
                                 max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 device=device, seed=seed)
+    if policy is not None:              # the starting level's own batch limits, if any
+        config = replace(config, **policy.levels[0].scheduler_overrides())
     parse_size(kv_memory, "kv_memory")
     first, factory = make_engine_factory(config, kv)
     if policy is not None:

@@ -43,7 +43,8 @@ from kvmap.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvmap.server")
 
-EngineFactory = Callable[[str], Engine]     # KV spec -> a new engine over the shared weights
+EngineFactory = Callable[..., Engine]   # (KV spec, **scheduler limits) -> a new engine over
+                                        # the shared weights
 
 
 class EngineDeadError(RuntimeError):
@@ -384,7 +385,8 @@ class EngineLoop:
 
     def _switch(self, kv: str, signals: Signals, now_s: float) -> None:
         try:
-            engine = self.factory(kv)
+            level = self.controller.policy.levels[self.controller.level]
+            engine = self.factory(kv, **level.scheduler_overrides())
         except Exception:       # noqa: BLE001 -- keep serving with the current engine
             log.exception("adaptive switch to %r failed; staying on %r", kv, self.active_kv)
             self.controller.level = self.controller.policy.levels.index(

@@ -60,9 +60,12 @@ def make_engine_factory(config: ServerEngineConfig, kv: str):
                                          loaded.config.eos_token_ids)
     first = Engine(engine_config, loaded, kv_config)
 
-    def factory(spec: str) -> Engine:
-        return Engine(replace(engine_config, kv=spec), loaded, KVConfig.parse(spec),
-                      model=first.model)
+    def factory(spec: str, **scheduler_overrides: int) -> Engine:
+        """A new engine for ``spec``; ``scheduler_overrides``: an adaptive level's own
+        ``max_num_seqs`` / ``max_num_batched_tokens``."""
+        scheduler = replace(engine_config.scheduler, **scheduler_overrides)
+        return Engine(replace(engine_config, kv=spec, scheduler=scheduler), loaded,
+                      KVConfig.parse(spec), model=first.model)
 
     return first, factory
 
