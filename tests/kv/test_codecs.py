@@ -170,6 +170,7 @@ def theoretical_bytes_per_token(case: Case, dtype_bytes: int = 2) -> float:
         key = H * D * bits / 8 + H * D * 4 / bs
         key += (H * D * dtype_bytes + 1 / bs) if residual else 0     # full-precision copy
         value = H * D * bits / 8 + H * (D // 32) * 4
+        value += (H * D * dtype_bytes + 8 / bs) if residual else 0   # copy, t0 per block
         return (key + value) * GEOM.num_layers
     bits = 8 if case.family.startswith("fp8") else int(case.family[3])
     params = 1 if case.symmetric else 2                               # r, and z
@@ -224,10 +225,10 @@ KIVI_CASES = [c for c in CASES if c.family.startswith("kivi")]
 
 
 @pytest.mark.parametrize("case", KIVI_CASES, ids=str)
-def test_kivi_values_are_per_token_and_partial_block_keys_exact(case, static_path):
-    """Values: an outlier token leaves the others' values alone. Keys: with residual > 0
-    the newest, not yet full block is read back exactly (sequence b's block 3 holds 3
-    tokens); full blocks and residual=0 are quantized."""
+def test_kivi_values_are_per_token_and_residual_is_exact(case, static_path):
+    """Values: an outlier token leaves the others' values alone. With residual=128 every
+    token written so far (19 and 11) is in the residual window and reads back exactly;
+    with residual=0 keys and values are quantized."""
     codec = make(case, static_path)
     store = codec.allocate(NUM_BLOCKS, GEOM, "cpu", torch.float32)
     truth = fill(codec, store, torch.float32, scale_tokens={"b": [9]})
@@ -235,9 +236,45 @@ def test_kivi_values_are_per_token_and_partial_block_keys_exact(case, static_pat
     k_hat, v_hat = read_seq(codec, store, "b", 11)
     cold = torch.arange(11) != 9
     assert rel_err(v_hat[cold], v[cold]) <= case.bound
-    exact_tail = torch.equal(k_hat[8:], k[8:])
-    assert exact_tail == (codec.options["residual"] > 0)
-    assert not torch.equal(k_hat[:8], k[:8])
+    exact = codec.options["residual"] > 0
+    assert torch.equal(k_hat, k) == exact and torch.equal(v_hat, v) == exact
+
+
+def kivi_keys(codec, store, n: int) -> torch.Tensor:
+    """The first n keys of a one-sequence cache (blocks 0, 1, ...) as read back."""
+    bs = GEOM.block_size
+    k, _ = codec.read(store, torch.arange((n + bs - 1) // bs))
+    return k.reshape(-1, GEOM.num_kv_heads, GEOM.head_dim)[:n]
+
+
+@pytest.mark.parametrize("prefill", [0, 30])
+def test_kivi_residual_keeps_the_newest_tokens_exact(prefill):
+    """kivi(residual=20), block size 8: after a prefill of ``prefill`` tokens in one call
+    and decode steps of one token, a block is exact while it is not full or its oldest
+    token is younger than 20 tokens -- between 20 - 8 + 1 = 13 and 20 newest tokens --
+    and older tokens come from their codes."""
+    codec = CODECS["kivi"](bits=2, residual=20)
+    store = codec.allocate(NUM_BLOCKS, GEOM, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    n = 60
+    k = torch.randn(n, GEOM.num_kv_heads, GEOM.head_dim, generator=g)
+    v = torch.randn(n, GEOM.num_kv_heads, GEOM.head_dim, generator=g)
+    if prefill:
+        codec.write(store, torch.arange(prefill), k[:prefill], v[:prefill])
+    for t in range(prefill, n):
+        codec.write(store, torch.tensor([t]), k[t:t + 1], v[t:t + 1])
+        got = kivi_keys(codec, store, t + 1)
+        exact = [i for i in range(t + 1) if torch.equal(got[i], k[i])]
+        newest = t + 1 - exact[0]
+        assert exact == list(range(exact[0], t + 1)), exact        # a suffix
+        assert 13 <= newest <= 20 or newest == t + 1 < 20, (t, newest)
+
+
+def test_run_times_follow_each_chunk():
+    from kvmap.kv.codecs.kivi import run_times
+    times, longest = run_times(torch.tensor([40, 41, 42, 7, 16, 17, 23, 8]), 8)
+    # 40..42 a run; 7 alone (offset 7 then 16 is offset 0 of block 2: same run); 23 -> 8 too
+    assert times.tolist() == [1, 2, 3, 1, 2, 3, 1, 2] and longest == 3
 
 
 BLOCK_CASES = [c for c in CASES if c.granularity == "channel" and c.scale == "max"]

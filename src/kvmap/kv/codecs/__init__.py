@@ -1,7 +1,7 @@
 """Codec registry: spec-string name -> Codec class. One file per codec family."""
 from __future__ import annotations
 
-from kvmap.kv.codecs.base import Codec, LayerStore
+from kvmap.kv.codecs.base import Codec, LayerStore, ScaledRead
 from kvmap.kv.codecs.fp8 import FP8
 from kvmap.kv.codecs.integer import Int2, Int4, Int8
 from kvmap.kv.codecs.kivi import KIVI
@@ -16,4 +16,4 @@ def register(cls: type[Codec]) -> type[Codec]:
     return cls
 
 
-__all__ = ["CODECS", "Codec", "LayerStore", "register"]
+__all__ = ["CODECS", "Codec", "LayerStore", "ScaledRead", "register"]

@@ -11,7 +11,10 @@ Token addressing (see ``kvmap.kv.pool``): slot = block_id * block_size + offset.
                    ^ block_id   ^ offset
 
 A codec subclass overrides ``allocate``, ``write`` and ``read``; the base class does
-the plumbing (options, byte accounting).
+the plumbing (options, byte accounting). A quantizing codec may also offer
+``read_scaled``: the codes of the blocks plus the affine map that decodes them
+(:class:`ScaledRead`), so that attention can fold the scales into its scores and
+probabilities instead of dequantizing (``kvmap.model.quant_attention``).
 """
 from __future__ import annotations
 
@@ -48,6 +51,30 @@ class LayerStore:
         return [(name, t[block_id]) for name, t in self.blocks.items()]
 
 
+@dataclass
+class ScaledRead:
+    """K or V of N blocks as codes ``y`` and an affine map per group of g channels:
+
+        x[n, t, h, d] = y[n, t, h, d] * scale[n, t, h, d // g] + bias[n, t, h, d // g]
+
+    y       (N, bs, H, D), a dtype whose values convert exactly to the compute dtype
+            (int8, uint8, or the compute dtype itself)
+    scale   (N|1, bs|1, Hp, G) float32, G = D / g groups, Hp = H or 1 (shared by heads);
+            size 1 in the first two dims when the map is the same for every token
+    bias    like scale, or None for zero
+    """
+
+    y: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    @property
+    def per_token(self) -> bool:
+        """Whether the map varies over tokens (else it is one map per head and group)."""
+        return self.scale.shape[0] * self.scale.shape[1] > 1 or (
+            self.bias is not None and self.bias.shape[0] * self.bias.shape[1] > 1)
+
+
 class Codec(Options):
     """Base codec. ``name`` is the spec-string name; ``options`` its validated options.
 
@@ -78,6 +105,14 @@ class Codec(Options):
     def read(self, store: LayerStore, block_ids: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def read_scaled(self, store: LayerStore, block_ids: torch.Tensor
+                    ) -> tuple[ScaledRead, ScaledRead] | None:
+        """(K, V) of ``block_ids`` as codes and scales, or None when this codec has no
+        such form (unquantized, or scales that vary along tokens and channels at once);
+        ``read`` is then the way in. Decoding a ScaledRead equals ``read`` up to
+        rounding."""
+        return None
 
     # ---- accounting ----------------------------------------------------------------
     def block_bytes(self, geom: KVGeometry, compute_dtype: torch.dtype = torch.bfloat16) -> int:

@@ -85,6 +85,11 @@ class BlockQuant(TensorQuant):
             return None if t is None else t.index_select(0, block_ids)[:, None, :, :, None]
         return get("r"), get("z")
 
+    def read_scaled(self, store, block_ids, dtype):
+        """None: the parameters vary per block and per channel at once, which folds
+        neither into the query (per channel) nor into the scores (per token)."""
+        return None
+
     def read(self, store: LayerStore, block_ids: torch.Tensor, dtype) -> torch.Tensor:
         x = super().read(store, block_ids, dtype)                         # (N, bs, H, D)
         if not self.staging:

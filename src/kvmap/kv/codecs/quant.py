@@ -57,6 +57,24 @@ class IntGrid:
         """packed uint8 (..., D * bits / 8) -> y (..., D) float32."""
         return unpack(q, self.bits, torch.float32).sub_(self.offset)
 
+    def codes(self, q: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, float, float]:
+        """packed uint8 -> (c, mult, shift) with y = c * mult + shift exactly, c (..., D)
+        int8 and centred on zero, so that q . c or probs @ c carry no large constant
+        term that a product rounded to bf16 would then have to cancel:
+
+            8 bits        c = code - 128 (one XOR on the bytes)   shift 0 or 1/2
+            b < 8, sym.   c = code - 2^(b-1)                      mult 1
+            b < 8, asym.  c = 2 code - (2^b - 1), odd integers    mult 1/2
+
+        ``q`` is modified in place (pass a copy, e.g. an index_select result)."""
+        if self.bits == 8:
+            return q.bitwise_xor_(0x80).view(torch.int8), 1.0, 128.0 - self.offset
+        c = unpack(q, self.bits).view(torch.int8)
+        if self.symmetric:
+            return c.sub_(2 ** (self.bits - 1)), 1.0, 0.0
+        return c.mul_(2).sub_(2 ** self.bits - 1), 0.5, 0.0
+
 
 @dataclass(frozen=True)
 class FP8Grid:
@@ -82,11 +100,17 @@ class FP8Grid:
         return y.clamp(-a, a).to(self.dtype).view(torch.uint8)
 
     def decode(self, q: torch.Tensor) -> torch.Tensor:
+        return self.codes(q, torch.float32)[0]
+
+    def codes(self, q: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, float, float]:
+        """uint8 bit patterns -> (y in ``dtype``, 1.0, 0.0); every e4m3 / e5m2 value is
+        exact in bf16, fp16 and fp32."""
         if q.device.type != "cpu":
-            return q.view(self.dtype).float()
-        # CPU float8 -> float32 casts are ~5x slower than a 256-entry table lookup
-        table = torch.arange(256, dtype=torch.uint8).view(self.dtype).float()
-        return table.index_select(0, q.flatten().int()).view(q.shape)
+            return q.view(self.dtype).to(dtype), 1.0, 0.0
+        # CPU float8 -> float casts are ~5x slower than a 256-entry table lookup
+        table = torch.arange(256, dtype=torch.uint8, device=q.device).view(self.dtype).to(dtype)
+        return table.index_select(0, q.flatten().int()).view(q.shape), 1.0, 0.0
 
 
 Grid = IntGrid | FP8Grid

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from kvmap.kv.codecs.base import LayerStore
+from kvmap.kv.codecs.base import LayerStore, ScaledRead
 from kvmap.kv.codecs.quant import Grid, dequantize, minmax, quantize, range_params
 from kvmap.kv.spec import KVGeometry
 
@@ -75,6 +75,20 @@ class TensorQuant:
         q = store.blocks[f"{self.prefix}.q"].index_select(0, block_ids)   # (N, bs, H, Ds)
         r, z = self.read_params(store, block_ids)                          # (N|1, bs|1, Hp, G, 1)
         return dequantize(q, r, z, self.grid, dtype)
+
+    def read_scaled(self, store: LayerStore, block_ids: torch.Tensor, dtype: torch.dtype
+                    ) -> ScaledRead | None:
+        """The codes of ``block_ids`` and x = y * scale + bias per group (ScaledRead):
+        the grid's y = c * mult + shift, so scale = mult * r / amplitude and
+        bias = z + shift * r / amplitude."""
+        q = store.blocks[f"{self.prefix}.q"].index_select(0, block_ids)   # (N, bs, H, Ds)
+        c, mult, shift = self.grid.codes(q, dtype)                         # (N, bs, H, D)
+        r, z = self.read_params(store, block_ids)                          # (N|1, bs|1, Hp, G, 1)
+        step = r.squeeze(-1).float() / self.grid.amplitude
+        bias = None if z is None else z.squeeze(-1).float()
+        if shift:
+            bias = step * shift if bias is None else bias + step * shift
+        return ScaledRead(c, step * mult if mult != 1 else step, bias)
 
     # ---- where the parameters live: one override each ---------------------------------
     def write_params(self, store, slot_ids, xv):

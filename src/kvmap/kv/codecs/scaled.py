@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvmap.kv.codecs.base import Codec, LayerStore
+from kvmap.kv.codecs.base import Codec, LayerStore, ScaledRead
 from kvmap.kv.codecs.block_quant import BlockQuant
 from kvmap.kv.codecs.calibrate import load_ranges
 from kvmap.kv.codecs.quant import Grid
@@ -83,6 +83,13 @@ class QuantCodec(Codec):
         dtype = store.state["compute_dtype"]
         return (self.quant["k"].read(store, block_ids, dtype),
                 self.quant["v"].read(store, block_ids, dtype))
+
+    def read_scaled(self, store: LayerStore, block_ids: torch.Tensor
+                    ) -> tuple[ScaledRead, ScaledRead] | None:
+        dtype = store.state["compute_dtype"]
+        k = self.quant["k"].read_scaled(store, block_ids, dtype)
+        v = None if k is None else self.quant["v"].read_scaled(store, block_ids, dtype)
+        return None if v is None else (k, v)
 
 
 class ScaledCodec(QuantCodec):
