@@ -14,7 +14,8 @@ from kvmap.evals import EvalOptions, evaluate
 from kvmap.evals.generation import first_divergence
 from kvmap.evals.mc import load_items, parse_item
 from kvmap.evals.needle import grid_summary, insert_sentences, is_correct, needle_prompt
-from kvmap.evals.ppl import kl_divergence, log_probs, perplexity, token_nll, top1_agreement
+from kvmap.evals.ppl import (kl_divergence, log_probs, perplexity, tied_top1, token_nll,
+                             top1_agreement, top1_agreement_with_ties)
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta, paired_deltas, ratio_pct
 from tests.conftest import make_tiny_llm
 
@@ -302,3 +303,13 @@ def test_cli_errors_exit_2_naming_the_value(invoke, args, message):
     out = invoke(*args)
     assert out.exit_code == 2
     assert "error:" in out.output and message in out.output
+
+
+def test_top1_agreement_counts_a_tie_of_the_baseline():
+    """A baseline with two exactly tied maxima: the other run picking either one agrees
+    under the tie-aware count, and only the first under plain argmax."""
+    ref = log_probs(torch.tensor([[2.0, 2.0, 0.0], [3.0, 1.0, 0.0]]))
+    other = log_probs(torch.tensor([[1.0, 2.5, 0.0], [1.0, 3.0, 0.0]]))
+    assert top1_agreement(ref, other).tolist() == [False, False]
+    assert top1_agreement_with_ties(ref, other).tolist() == [True, False]
+    assert tied_top1(ref).tolist() == [True, False]

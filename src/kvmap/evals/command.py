@@ -95,7 +95,8 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
 _COLUMNS = {  # task -> (header, metric key, format)
     "ppl": [("ppl", "ppl", "{:.3f}"), ("Δppl %", "ppl_delta_pct", "{:+.2f}"),
             ("Δppl % CI", "delta_ppl_pct", "ci"), ("KL mean", "kl_mean", "{:.2e}"),
-            ("KL P99", "kl_p99", "{:.2e}"), ("top-1", "top1_agreement", "{:.2%}")],
+            ("KL P99", "kl_p99", "{:.2e}"), ("top-1", "top1_agreement", "{:.2%}"),
+            ("top-1 (ties)", "top1_agreement_ties", "{:.2%}")],
     "needle": [("accuracy", "accuracy", "{:.2%}"), ("n", "n", "{}"),
                ("Δacc CI", "delta_accuracy", "ci")],
     "generation": [("exact match", "exact_match", "{:.2%}"),

@@ -15,6 +15,8 @@ behind it. Against the baseline run on the same samples, per continuation positi
     NLL   = -log q(t)                     ppl = exp(mean NLL over all positions)
     KL    = sum_v p(v) (log p(v) - log q(v))    p: baseline, q: this configuration (nats)
     top-1 = argmax p == argmax q
+    top-1 (ties) = argmax q is one of the maxima of p: a bf16 baseline has exactly tied top
+                   logits at a few percent of positions, where any change flips argmax p
 
 ``kl_mean`` and ``kl_p99`` pool every scored position of every sample. The paired
 per-sample quantity is the sample's mean NLL; its delta is reported in nats and as a
@@ -66,6 +68,17 @@ def kl_divergence(ref_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
 def top1_agreement(ref_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """(T,) bool: the two distributions put their maximum on the same token."""
     return ref_logp.argmax(-1) == logp.argmax(-1)
+
+
+def top1_agreement_with_ties(ref_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """(T,) bool: this distribution's maximum is on one of the baseline's (tied) maxima."""
+    pick = logp.argmax(-1, keepdim=True)
+    return ref_logp.gather(-1, pick).squeeze(-1) == ref_logp.amax(-1)
+
+
+def tied_top1(ref_logp: torch.Tensor) -> torch.Tensor:
+    """(T,) bool: the baseline's maximum is shared by two or more tokens."""
+    return (ref_logp == ref_logp.amax(-1, keepdim=True)).sum(-1) > 1
 
 
 def perplexity(nll: torch.Tensor | list[float]) -> float:
@@ -166,10 +179,14 @@ class PPLTask(Task):
         ref, logp = baseline.state, run.state
         kl = torch.cat([kl_divergence(r, q) for r, q in zip(ref, logp)])
         agree = torch.cat([top1_agreement(r, q) for r, q in zip(ref, logp)])
+        agree_ties = torch.cat([top1_agreement_with_ties(r, q) for r, q in zip(ref, logp)])
+        ties = torch.cat([tied_top1(r) for r in ref])
         delta = paired_delta(run.per_sample, baseline.per_sample, seed=self.options.seed)
         return {**run.metrics,
                 "ppl_baseline": baseline.metrics["ppl"],
                 "ppl_delta_pct": 100.0 * (run.metrics["ppl"] / baseline.metrics["ppl"] - 1),
                 "kl_mean": float(kl.mean()), "kl_p99": percentile(kl.tolist(), 99),
                 "top1_agreement": float(agree.float().mean()),
+                "top1_agreement_ties": float(agree_ties.float().mean()),
+                "baseline_tie_rate": float(ties.float().mean()),
                 "delta_nll": delta, "delta_ppl_pct": ratio_pct(delta)}
