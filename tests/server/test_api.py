@@ -321,17 +321,33 @@ def test_disconnect_mid_stream_frees_blocks_and_counts_abort(tiny_server):
 
 
 def test_disconnect_of_non_streaming_request_aborts_it():
+    """The client gives up (0.5 s timeout) while the engine thread is held busy for 2 s,
+    so the request cannot finish first however fast the machine is; when the engine
+    runs again it must abort the request, not serve it."""
     server = start_server()
+
+    def aborted_count():
+        with server.client() as c:
+            for line in c.get("/metrics").text.splitlines():
+                if line.startswith("kvmap:request_aborted_total"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     try:
-        total = free_blocks(server)
+        total, before = free_blocks(server), aborted_count()
+        busy = threading.Thread(target=server.call, args=(lambda loop: time.sleep(2.0),))
+        busy.start()
         with pytest.raises(httpx.ReadTimeout):
             with server.client(timeout=0.5) as c:
                 c.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 450,
                                                 "ignore_eos": True, "temperature": 0})
+        busy.join()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and free_blocks(server) != total:
+        while time.monotonic() < deadline and (free_blocks(server) != total
+                                               or aborted_count() == before):
             time.sleep(0.05)
         assert free_blocks(server) == total
+        assert aborted_count() == before + 1
         assert server.call(lambda loop: len(loop.active.requests)) == 0
     finally:
         server.close()
