@@ -335,8 +335,15 @@ def test_disconnect_of_non_streaming_request_aborts_it():
 
     try:
         total, before = free_blocks(server), aborted_count()
-        busy = threading.Thread(target=server.call, args=(lambda loop: time.sleep(2.0),))
+        entered = threading.Event()
+
+        def hold(loop):
+            entered.set()
+            time.sleep(2.0)
+
+        busy = threading.Thread(target=server.call, args=(hold,))
         busy.start()
+        assert entered.wait(10)                # the engine thread is held from here on
         with pytest.raises(httpx.ReadTimeout):
             with server.client(timeout=0.5) as c:
                 c.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 450,
