@@ -145,6 +145,22 @@ def create_app(loop: EngineLoop, model_name: str, *,
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
+    def sse_response(stream, head: dict, body, first: list, fields) -> SSEResponse:
+        """The streamed answer of either route: ``{**head, **fields(delta)}`` per chunk,
+        with usage on every chunk and/or a final usage chunk as ``stream_options`` ask."""
+        opts = body.stream_options
+
+        def chunk(delta):
+            out = {**head, **fields(delta)}
+            if opts and opts.continuous_usage_stats:
+                out["usage"] = usage(delta.num_prompt_tokens, delta.num_output_tokens)
+            return out
+        return SSEResponse(event_stream(
+            loop, stream, chunk, first, bool(opts and opts.include_usage),
+            lambda d: {**head, "choices": [],
+                       "usage": usage(d.num_prompt_tokens, d.num_output_tokens)},
+            body.return_token_ids))
+
     # ---- endpoints ------------------------------------------------------------------------
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request):
@@ -177,26 +193,19 @@ def create_app(loop: EngineLoop, model_name: str, *,
             return c
 
         if body.stream:
-            opts = body.stream_options
             first = []
             if echo_text:
                 first.append({**head, "choices": [{"index": 0, "text": echo_text,
                                                    "logprobs": None, "finish_reason": None}]})
 
-            def chunk(delta):
-                out = {**head, "choices": [choice(delta.text, delta)]}
+            def fields(delta):
+                out = {"choices": [choice(delta.text, delta)]}
                 if body.return_token_ids and not first_sent[0]:
                     out["prompt_token_ids"] = ids
                     first_sent[0] = True
-                if opts and opts.continuous_usage_stats:
-                    out["usage"] = usage(delta.num_prompt_tokens, delta.num_output_tokens)
                 return out
             first_sent = [False]
-            return SSEResponse(event_stream(
-                loop, stream, chunk, first, bool(opts and opts.include_usage),
-                lambda d: {**head, "choices": [],
-                           "usage": usage(d.num_prompt_tokens, d.num_output_tokens)},
-                body.return_token_ids))
+            return sse_response(stream, head, body, first, fields)
 
         deltas, disconnected = await collect(loop, request, stream)
         if disconnected:                       # aborted; nobody reads this response
@@ -236,27 +245,19 @@ def create_app(loop: EngineLoop, model_name: str, *,
             else ""
 
         if body.stream:
-            opts = body.stream_options
             role_chunk = {**head, "choices": [{"index": 0, "delta": {"role": "assistant",
                                                                      "content": echo},
                                                "logprobs": None, "finish_reason": None}]}
             if body.return_token_ids:
                 role_chunk["prompt_token_ids"] = ids
 
-            def chunk(delta):
+            def fields(delta):
                 c = {"index": 0, "delta": {"content": delta.text} if delta.text else {},
                      "logprobs": None, "finish_reason": delta.finish_reason}
                 if body.return_token_ids:
                     c["token_ids"] = delta.token_ids
-                out = {**head, "choices": [c]}
-                if opts and opts.continuous_usage_stats:
-                    out["usage"] = usage(delta.num_prompt_tokens, delta.num_output_tokens)
-                return out
-            return SSEResponse(event_stream(
-                loop, stream, chunk, [role_chunk], bool(opts and opts.include_usage),
-                lambda d: {**head, "choices": [],
-                           "usage": usage(d.num_prompt_tokens, d.num_output_tokens)},
-                body.return_token_ids))
+                return {"choices": [c]}
+            return sse_response(stream, head, body, [role_chunk], fields)
 
         deltas, disconnected = await collect(loop, request, stream)
         if disconnected:                       # aborted; nobody reads this response
