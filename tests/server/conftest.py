@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 TINY = dict(model="dummy:tiny", kv="fp32", dtype="fp32", num_blocks=256, block_size=4,
             max_num_batched_tokens=64, served_model_name="tiny")
@@ -56,6 +57,21 @@ def start_server(**options) -> RunningServer:
     kwargs = {**TINY, **options}
     app, loop = build_server(kwargs.pop("model"), kwargs.pop("kv"), **kwargs)
     return RunningServer(app, loop)
+
+
+def metric(server: RunningServer, name: str, **labels) -> float | None:
+    """The first sample of ``name`` on ``/metrics`` whose labels include ``labels``."""
+    with server.client() as c:
+        text = c.get("/metrics").text
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def aborted_count(server: RunningServer) -> float:
+    return metric(server, "kvmap:request_aborted_total") or 0.0
 
 
 def free_blocks(server: RunningServer) -> int:

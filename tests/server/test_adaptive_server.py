@@ -7,25 +7,14 @@ import threading
 import time
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import random_prompts
-from tests.server.conftest import start_server
+from tests.server.conftest import metric, start_server
 
 POLICY = {"window_s": 2, "min_dwell_s": 0.2, "interval_s": 0.05,
           "levels": [{"kv": "fp32"},
                      {"kv": "int8", "up": {"num_waiting": 2},
                       "down": {"num_waiting": 0, "kv_usage": 0.05}, "max_num_seqs": 3}]}
-
-
-def metric(server, name, **labels):
-    with server.client() as c:
-        text = c.get("/metrics").text
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
 
 
 def wait_for(predicate, timeout_s=20.0):

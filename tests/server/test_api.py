@@ -13,7 +13,7 @@ import pytest
 from kvmap import SamplingParams
 from kvmap.server.byte_tokenizer import ByteTokenizer
 from tests.conftest import make_tiny_llm, random_prompts
-from tests.server.conftest import free_blocks, start_server
+from tests.server.conftest import aborted_count, free_blocks, start_server
 
 PROMPTS = random_prompts([5, 17, 40], vocab=256, seed=3)
 
@@ -293,15 +293,8 @@ def test_bad_requests_do_not_disturb_others(tiny_server, reference):
 
 
 def test_disconnect_mid_stream_frees_blocks_and_counts_abort(tiny_server):
-    def aborted_count():
-        with tiny_server.client() as c:
-            for line in c.get("/metrics").text.splitlines():
-                if line.startswith("kvmap:request_aborted_total"):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
     total = free_blocks(tiny_server)
-    before = aborted_count()
+    before = aborted_count(tiny_server)
     with tiny_server.client() as c:
         with c.stream("POST", "/v1/completions", json={
                 "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0,
@@ -312,10 +305,10 @@ def test_disconnect_mid_stream_frees_blocks_and_counts_abort(tiny_server):
         # leaving the block closes the connection mid-stream
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (free_blocks(tiny_server) != total
-                                           or aborted_count() == before):
+                                           or aborted_count(tiny_server) == before):
         time.sleep(0.05)
     assert free_blocks(tiny_server) == total
-    assert aborted_count() == before + 1
+    assert aborted_count(tiny_server) == before + 1
     assert tiny_server.call(lambda loop: (loop.active.check_integrity(),
                                           len(loop.active.requests))[1]) == 0
 
@@ -326,15 +319,8 @@ def test_disconnect_of_non_streaming_request_aborts_it():
     runs again it must abort the request, not serve it."""
     server = start_server()
 
-    def aborted_count():
-        with server.client() as c:
-            for line in c.get("/metrics").text.splitlines():
-                if line.startswith("kvmap:request_aborted_total"):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
     try:
-        total, before = free_blocks(server), aborted_count()
+        total, before = free_blocks(server), aborted_count(server)
         entered = threading.Event()
 
         def hold(loop):
@@ -351,10 +337,10 @@ def test_disconnect_of_non_streaming_request_aborts_it():
         busy.join()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (free_blocks(server) != total
-                                               or aborted_count() == before):
+                                               or aborted_count(server) == before):
             time.sleep(0.05)
         assert free_blocks(server) == total
-        assert aborted_count() == before + 1
+        assert aborted_count(server) == before + 1
         assert server.call(lambda loop: len(loop.active.requests)) == 0
     finally:
         server.close()
