@@ -92,12 +92,7 @@ async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
         if data.strip() == "[DONE]":
             done = True
             return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise BadStream(f"event is not JSON: {data[:200]!r}") from None
-        if not isinstance(obj, dict):
-            raise BadStream(f"event is not a JSON object: {data[:200]!r}")
+        obj = _json_object(data, "event")
         if "error" in obj and not obj.get("choices"):
             err = obj["error"]
             raise StreamError(err.get("message", json.dumps(err)) if isinstance(err, dict)
@@ -129,16 +124,22 @@ async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
         result.chunk_times_s.append(finish_chunk_s)      # tokens without text
 
 
+def _json_object(raw: str | bytes, what: str) -> dict:
+    """``raw`` parsed as a JSON object, or ``BadStream`` naming ``what`` it was."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise BadStream(f"{what} is not JSON: {raw[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise BadStream(f"{what} is not a JSON object: {raw[:200]!r}")
+    return obj
+
+
 async def read_json(response: aiohttp.ClientResponse, endpoint: Endpoint,
                      result: RawResult) -> None:
     raw = await response.read()
     result.end_s = time.perf_counter()
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        raise BadStream(f"response is not JSON: {raw[:200]!r}") from None
-    if not isinstance(obj, dict):
-        raise BadStream(f"response is not a JSON object: {raw[:200]!r}")
+    obj = _json_object(raw, "response")
     result.output_text = chunk_text(obj, endpoint.api)
     _take_meta(obj, result)
 
