@@ -147,6 +147,11 @@ class Request:
         self.finish_reason: str | None = None
         self.evicted: bool = False          # a selection policy dropped some of its KV
         self.policy_acc: list | None = None  # per-layer attention received (H2O-style)
+        # per-layer budgets: layer -> (first, end) slots a policy left empty (read only
+        # while ``evicted``; see engine/policy_runner.py)
+        self.kv_holes: dict | None = None
+        self.policy_layer_budgets: list[int] | None = None   # memo of the policy's split
+        self.page_faults = 0                  # paged-out pages lost (engine.MAX_PAGE_FAULTS)
         # teacher forcing: the next tokens are these instead of sampled ones, and the
         # logits of every sampling step are kept (Engine.score)
         self.forced_token_ids: list[int] | None = None

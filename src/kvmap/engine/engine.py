@@ -173,7 +173,7 @@ class Engine:
             # nothing was advanced: the other requests redo this step's tokens (same
             # slots, same values); the faulted one is recomputed or, at the limit, aborted
             req = self.requests[e.request_id]
-            req.page_faults = getattr(req, "page_faults", 0) + 1
+            req.page_faults += 1
             if req.page_faults >= MAX_PAGE_FAULTS:
                 self._finish(req, RequestStatus.FINISHED_ABORTED)
                 touched.append(req)

@@ -43,7 +43,7 @@ class PolicyRunner:
         self.num_evicted_tokens = 0     # slot-tokens dropped, per layer (summed / layers)
 
     def layer_budgets(self, req: Request) -> list[int]:
-        budgets = getattr(req, "policy_layer_budgets", None)
+        budgets = req.policy_layer_budgets
         if budgets is None:
             budgets = req.policy_layer_budgets = self.policy.layer_budget_tokens(
                 req.num_prompt_tokens, self.num_layers)
@@ -78,7 +78,7 @@ class PolicyRunner:
                     where: int) -> None:
         if not self.policy.needs_accumulated_attention:
             return
-        acc = getattr(req, "policy_acc", None) or [None] * self.num_layers
+        acc = req.policy_acc or [None] * self.num_layers
         for layer in range(self.num_layers):
             stats = meta.scores[layer]
             new = (stats["decode"][where, :, :req.num_kv_slots] if is_decode
@@ -93,9 +93,9 @@ class PolicyRunner:
     def _compress(self, req: Request, budget: int, meta: AttentionMetadata,
                   is_decode: bool, where: int) -> None:
         L = req.num_kv_slots
-        acc = getattr(req, "policy_acc", None)
+        acc = req.policy_acc
         # a preempted request restarts with evicted=False: its old holes no longer apply
-        holes = (getattr(req, "kv_holes", None) if req.evicted else None) or {}
+        holes = (req.kv_holes if req.evicted else None) or {}
         new_holes = {}
         for layer, layer_budget in enumerate(self.layer_budgets(req)):
             k, v = read_sequence(self.kv, layer, req.block_ids, L)

@@ -78,8 +78,7 @@ class ModelRunner:
                     start, start + n,
                     torch.tensor(req.block_ids[:nb], dtype=torch.long, device=self.device),
                     num_kv_after, completes_prompt=c + n == req.num_tokens))
-            for layer, hole in ((getattr(req, "kv_holes", None) if req.evicted else None)
-                                or {}).items():
+            for layer, hole in ((req.kv_holes if req.evicted else None) or {}).items():
                 hidden.setdefault(layer, {"decode": {}, "prefill": {}})[row[0]][row[1]] = hole
             if c + n == req.num_tokens:          # the chunk reaches the end: sample
                 sample_rows.append(start + n - 1)
