@@ -26,16 +26,6 @@ BLOCK_SIZE = 4
 MAX_TOKENS = 20
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: on a shared 2-core machine two OpenMP threads spin against other
-    # processes and make these tests ~30x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def spec_of(policy: str, budget) -> str:
     """A spec string for ``policy`` at ``budget`` (a token count or a prompt fraction)."""
     return {

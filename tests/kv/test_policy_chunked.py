@@ -11,21 +11,12 @@ with ``chunked=true``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvmap import SamplingParams
 from kvmap.kv.config import KVConfig
 from tests.conftest import make_tiny_llm, random_prompts
 
 BLOCK_SIZE, CHUNK, BUDGET, PROMPT = 4, 8, 12, 60
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 CHUNKED = {

@@ -17,14 +17,6 @@ from kvmap.kv.policies.layer_budgets import pyramid, split_budget
 from tests.conftest import make_tiny_llm, random_prompts
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---- the split ---------------------------------------------------------------------------
 @pytest.mark.parametrize("budget,num_layers", [(100, 30), (7, 4), (256, 2), (1, 3)])
 def test_pyramid_decreases_with_the_same_total(budget, num_layers):

@@ -23,14 +23,6 @@ PROMPT = random_prompts([90], seed=3)[0]
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def paged_llm(spec: str = "tiers(host=1MiB,prefetch=window,page_blocks=2)", **kwargs):
     return make_tiny_llm(kv="fp32+" + spec, num_blocks=POOL, block_size=BS,
                          max_num_batched_tokens=CHUNK, **kwargs)

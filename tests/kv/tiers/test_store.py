@@ -27,17 +27,6 @@ TINY = get_shape("tiny")
 GEOM = KVGeometry.of(TINY, block_size=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model's ops are microseconds: with 2 OpenMP threads on a loaded 2-core
-    machine each step waits on thread wake-ups (measured: 3.6 s vs 0.05 s for the
-    conversations below)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---- the spec part ------------------------------------------------------------------------
 def test_tiers_part_parses_levels_top_down():
     layout = KVConfig.parse("int8+tiers(redis=redis://h:1/0, disk=2MiB, host=1MiB, "
