@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import write_record  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
-from kvmap.bench.metrics import aggregate  # noqa: E402
+from kvmap.metrics import aggregate  # noqa: E402
 from kvmap.config import parse_size  # noqa: E402
 from kvmap.kv.config import KVConfig  # noqa: E402
 from kvmap.plan.catalogue import PlanModel  # noqa: E402

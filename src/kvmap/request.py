@@ -62,7 +62,7 @@ class RequestMetrics:
     """Raw timestamps (seconds, ``time.perf_counter`` clock) of one request.
 
     ``token_times_s[i]`` is when output token i was produced; token 0 is the first token,
-    so TTFT = token_times_s[0] - arrival_s. Derived metrics live in ``kvmap.bench.metrics``.
+    so TTFT = token_times_s[0] - arrival_s. Derived metrics live in ``kvmap.metrics``.
     """
 
     arrival_s: float

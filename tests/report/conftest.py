@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from types import SimpleNamespace
 
-from kvmap.bench.metrics import aggregate
+from kvmap.metrics import aggregate
 from kvmap.bench.store import RunStore
 
 SLO = {"ttft_p99_s": 0.5, "tbt_p99_s": 0.1}

@@ -293,7 +293,7 @@ def drive(engine, requests: list, prompt_ids: list[list[int]], concurrency: int 
 def request_rows(cell: CellSpec, requests: list, outputs: dict, errors: dict,
                  t0: float) -> list[dict]:
     """One row per request, times in seconds from the workload's start (``t0``)."""
-    from kvmap.bench.metrics import request_stats
+    from kvmap.metrics import request_stats
 
     def rel(t):
         return None if t is None else t - t0
@@ -347,7 +347,7 @@ def _tier_metrics(usage: dict) -> dict:
 
 
 def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, list]:
-    from kvmap.bench.metrics import aggregate
+    from kvmap.metrics import aggregate
     from kvmap.evals.ppl import track_peak_kv_bytes
     from kvmap.workloads import build_requests
     t_load = time.perf_counter()

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from kvmap.bench.metrics import normalize_slo, parse_slo
+from kvmap.metrics import normalize_slo, parse_slo
 
 BUILTIN_SCENARIOS = ("default", "quick")
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",

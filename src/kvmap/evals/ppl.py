@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kvmap.bench.metrics import percentile
+from kvmap.metrics import percentile
 from kvmap.evals import Task, TaskRun
 from kvmap.evals.stats import paired_delta, ratio_pct
 from kvmap.workloads.corpus import TextSource, encode_text

@@ -99,7 +99,7 @@ def loadgen(
                                  "record per cell as one JSON object."),
 ) -> None:
     """Measure an OpenAI-compatible server under load: TTFT, TBT, TPOT, E2E, goodput."""
-    from kvmap.bench.metrics import parse_slo
+    from kvmap.metrics import parse_slo
     from kvmap.loadgen import prompts
     from kvmap.loadgen.client import Endpoint
     from kvmap.loadgen.scenario import LoadgenScenario

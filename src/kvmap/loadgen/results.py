@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from kvmap.bench.metrics import RequestStats, aggregate, summarize
+from kvmap.metrics import RequestStats, aggregate, summarize
 from kvmap.loadgen.runner import LoadRun, Sent
 
 
@@ -79,7 +79,7 @@ def request_row(sent: Sent, t0_s: float, *, cell_id: str, model: str, kv: str,
 
 def load_metrics(sent: Iterable[Sent], t0_s: float, duration_s: float | None,
                  slo: Mapping[str, float] | None = None) -> dict:
-    """A cell's metrics: ``kvmap.bench.metrics.aggregate`` of the requests' stats, plus
+    """A cell's metrics: ``kvmap.metrics.aggregate`` of the requests' stats, plus
     failures by kind, HTTP statuses, how many requests had no usage, and send lag."""
     sent = list(sent)
     stats = [request_stats(s, t0_s) for s in sent]

@@ -43,7 +43,7 @@ def parse_percent(text: str) -> float:
 
 def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: str | None,
               objective: str):
-    from kvmap.bench.metrics import parse_slo
+    from kvmap.metrics import parse_slo
     from kvmap.config import parse_size
     from kvmap.report.analysis import DEFAULT_MAX_ACCURACY_DROP_PCT, analyze
     from kvmap.report.loader import load_run

@@ -84,7 +84,7 @@ def split_key(key: str) -> tuple[str, str | None]:
     m = _SLO_KEY.fullmatch(key)
     if not m:
         raise ValueError(f"SLO key {key!r} is not normalized (e.g. 'ttft_p99_s'); "
-                         "parse it with kvmap.bench.metrics.parse_slo")
+                         "parse it with kvmap.metrics.parse_slo")
     return m.group(1), m.group(2)
 
 

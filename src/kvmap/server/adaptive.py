@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from kvmap.bench.metrics import percentile
+from kvmap.metrics import percentile
 from kvmap.kv.config import KVConfig
 
 SIGNALS = ("kv_usage", "num_waiting", "p99_tbt_ms")

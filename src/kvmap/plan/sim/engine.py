@@ -79,7 +79,7 @@ class SimState:
         return len(self.keys) + self.num_private
 
     def record(self) -> dict:
-        """The request as a ``kvmap.bench.metrics`` record."""
+        """The request as a ``kvmap.metrics`` record."""
         return {"request_id": self.req.request_id, "arrival_s": self.arrival_s,
                 "first_scheduled_s": self.first_scheduled_s,
                 "token_times_s": self.token_times_s, "finished_s": self.finished_s,

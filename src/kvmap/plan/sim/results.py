@@ -1,6 +1,6 @@
 """What a simulation reports: serving metrics, KV residency, tier traffic, bottlenecks.
 
-Serving metrics are ``kvmap.bench.metrics.aggregate`` of the simulated request records,
+Serving metrics are ``kvmap.metrics.aggregate`` of the simulated request records,
 so a simulated and a measured run are summarised by the same code (TTFT, TBT, TPOT, E2E
 percentiles, throughput). On top:
 
@@ -22,7 +22,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from kvmap.bench.metrics import aggregate
+from kvmap.metrics import aggregate
 
 TIMELINE_SEGMENTS = 10
 

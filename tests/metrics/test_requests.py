@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvmap.bench.metrics import (aggregate, meets_slo, normalize_slo, parse_slo, percentile,
+from kvmap.metrics import (aggregate, meets_slo, normalize_slo, parse_slo, percentile,
                                  request_stats, summarize)
 from kvmap.request import RequestMetrics, RequestOutput
 
