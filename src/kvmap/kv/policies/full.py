@@ -10,3 +10,7 @@ class Full(Policy):
 
     def validate(self) -> None:
         pass
+
+    def layer_resident_tokens(self, context_tokens: int, num_layers: int,
+                              num_prompt_tokens: int | None = None) -> list[int]:
+        return [context_tokens] * num_layers           # everything, decoded tokens too
