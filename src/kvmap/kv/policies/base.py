@@ -32,6 +32,7 @@ import torch
 
 from kvmap.kv.options import Options
 from kvmap.kv.policies.layer_budgets import parse_layer_budgets, split_budget
+from kvmap.registry import Registry
 
 
 @dataclass
@@ -156,6 +157,10 @@ class Policy(Options):
         scores[:, forced] = float("inf")
         kept = torch.topk(scores, num_keep, dim=-1).indices
         return kept.sort(dim=-1).values
+
+
+# spec-string name -> policy class; each policy file registers its class here
+POLICIES: Registry[type[Policy]] = Registry("policy")
 
 
 def _check_tokens(context_tokens: int) -> None:

@@ -1,9 +1,10 @@
 """``full``: keep everything -- the baseline. Parsed to "no policy" by KVConfig."""
 from __future__ import annotations
 
-from kvmap.kv.policies.base import Policy
+from kvmap.kv.policies.base import POLICIES, Policy
 
 
+@POLICIES.register
 class Full(Policy):
     name = "full"
     defaults = {}

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class H2O(Policy):
     name = "h2o"
     defaults = {"budget": 0.25, "recent": None, "chunked": True,

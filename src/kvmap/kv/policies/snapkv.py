@@ -35,9 +35,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class SnapKV(Policy):
     name = "snapkv"
     defaults = {"budget": 0.25, "window": 32, "kernel": 11, "pooling": "avg", "chunked": False,

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class TOVA(Policy):
     name = "tova"
     defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None}
