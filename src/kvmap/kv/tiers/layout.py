@@ -38,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kvmap.config import parse_size
 from kvmap.kv import grammar
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.options import Options
