@@ -1,4 +1,5 @@
-"""``kvmap`` command line: generate | eval | bench | report | recommend | serve | loadgen | plan.
+"""``kvmap`` command line: generate | eval | bench | report | recommend | serve | loadgen |
+plan | simulate | specs.
 
 Each subcommand parses its arguments, validates them (a bad value exits with code 2 and
 a message naming it) and calls the library; no logic lives here.
@@ -11,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from kvmap.cli_errors import fail
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Full-scenario KV-cache evaluation and optimization for LLM inference.")
 
@@ -18,11 +21,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 @app.callback()
 def _root() -> None:
     """Full-scenario KV-cache evaluation and optimization for LLM inference."""
-
-
-def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -100,6 +98,19 @@ def calibrate(
         fail(str(e))
     typer.echo(f"wrote {path} ({sum(len(c) for c in chunks)} tokens, "
                f"{llm.model_config.num_layers} layers)")
+
+
+@app.command()
+def specs(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """List the registered KV spec parts (codecs, policies, tier layouts) and the tier
+    backends a tiers(...) part accepts."""
+    from kvmap.kv.config import spec_names
+    names = spec_names()
+    if as_json:
+        typer.echo(json.dumps({family: list(members) for family, members in names.items()}))
+        return
+    for family, members in names.items():
+        typer.echo(f"{family}: {', '.join(members)}")
 
 
 def _register_subcommands() -> None:

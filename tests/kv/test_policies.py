@@ -63,6 +63,10 @@ def run_checked(llm, prompts, max_tokens=MAX_TOKENS, on_step=None):
             grew = r.num_computed_tokens - computed_before[r.request_id]
             if r.num_kv_slots < slots_before[r.request_id] + grew:     # compressed now
                 assert r.num_kv_slots == budget, (r.num_kv_slots, budget)
+                # the figure the planner and the simulator size the sequence by
+                assert r.num_kv_slots == policy.resident_tokens(
+                    r.num_computed_tokens, num_layers=engine.geom.num_layers,
+                    num_prompt_tokens=r.num_prompt_tokens)
                 num_compressions += 1
             if r.num_computed_tokens >= r.num_prompt_tokens:
                 assert r.num_kv_slots <= budget + bs - 1, (r.num_kv_slots, budget)
@@ -213,6 +217,19 @@ def test_fraction_budgets():
     assert POLICIES["h2o"](budget=0.1).budget_tokens(15) == 2
     assert POLICIES["tova"](budget=1.0).budget_tokens(37) == 37
     assert POLICIES["knorm"](budget=1).budget_tokens(37) == 1           # 1 is a count
+
+
+@pytest.mark.parametrize("spec", [spec_of(p, b) for p in SELECTIVE for b in (8, 0.25)])
+def test_resident_tokens_is_the_budget_capped_by_the_context(spec):
+    policy = KVConfig.parse(spec).policy
+    for context in (1, 7, 100, 5000):
+        budget = policy.budget_tokens(context)
+        assert policy.resident_tokens(context) == min(context, budget)
+        assert policy.layer_resident_tokens(context, 3) == [min(context, budget)] * 3
+        # at decode time a fractional budget stays a fraction of the prompt
+        assert policy.resident_tokens(context + 50, num_prompt_tokens=context) == \
+            min(context + 50, budget)
+    assert POLICIES["full"]().resident_tokens(5000) == 5000
 
 
 @pytest.mark.parametrize("spec,fragment", [

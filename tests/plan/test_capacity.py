@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -104,29 +103,63 @@ def test_sliding_window_caps_resident_blocks():
     assert plan("mistral-7b", context_tokens=4096).blocks_per_seq == 256
 
 
-@pytest.mark.parametrize("policy, context, kept, blocks", [
-    (SimpleNamespace(name="streaming_llm", sinks=4, window=1024), 8192, 1028, 65 + 1),
-    (SimpleNamespace(name="snapkv", budget=0.25), 8192, 2048, 128 + 1),
-    (SimpleNamespace(name="h2o", options={"budget": 512}), 8192, 512, 32 + 1),
-    (SimpleNamespace(name="h2o", budget=512), 100, 100, 7),   # short sequence: untouched
+def policy(spec: str):
+    return KVConfig.parse(spec).policy
+
+
+@pytest.mark.parametrize("spec, context, kept, blocks", [
+    ("streaming_llm(sinks=4,window=1024)", 8192, 1028, 65 + 1),
+    ("streaming_llm(budget=0.25)", 8192, 2048, 128 + 1),
+    ("window(size=1024)", 8192, 1024, 64 + 1),
+    ("window(size=1024)", 1000, 1000, 63),                   # shorter than the window
+    ("snapkv(budget=0.25)", 8192, 2048, 128 + 1),
+    ("h2o(budget=512)", 8192, 512, 32 + 1),
+    ("h2o(budget=512)", 100, 100, 7),                        # short sequence: untouched
+    ("tova(budget=0.1)", 8192, 820, 52 + 1),
+    ("knorm(budget=100)", 8192, 100, 7 + 1),
+    ("random(budget=0.5)", 8192, 4096, 256 + 1),
+    ("full", 8192, 8192, 512),
 ])
-def test_policy_budgets(policy, context, kept, blocks):
-    assert capacity.resident_tokens_per_seq(context, policy) == kept
-    assert capacity.resident_blocks(context, 16, policy) == blocks
+def test_policy_budgets(spec, context, kept, blocks):
+    assert capacity.resident_tokens_per_seq(context, policy(spec)) == kept
+    assert capacity.resident_blocks(context, 16, policy(spec)) == blocks
+
+
+def test_streaming_llm_planned_at_sinks_plus_window():
+    """The bug this replaced: validate() sets budget=1, which attribute probing read as
+    one resident token."""
+    p = plan("llama-3-8b", "streaming_llm(sinks=4,window=1024)", context_tokens=8192)
+    assert p.resident_tokens_per_seq == 1028 and p.blocks_per_seq == 65 + 1
+    assert p.max_context_tokens is None
+
+
+def test_per_layer_budgets_size_the_largest_layer():
+    pyramid = policy("snapkv(budget=40,layer_budgets=pyramid)")
+    per_layer = pyramid.layer_resident_tokens(8192, 30)
+    assert sum(per_layer) == 30 * 40 and max(per_layer) == 78
+    assert capacity.resident_tokens_per_seq(8192, pyramid, num_layers=30) == 78
+    with pytest.raises(ValueError, match="num_layers"):
+        capacity.resident_tokens_per_seq(8192, pyramid)
+    listed = policy("h2o(budget=64,layer_budgets=0.5/100)")
+    assert listed.layer_resident_tokens(1000, 2) == [500, 100]
+    assert capacity.resident_tokens_per_seq(1000, listed) == 500
+
+
+def test_decode_time_budget_is_a_fraction_of_the_prompt():
+    quarter = policy("snapkv(budget=0.25)")
+    assert quarter.resident_tokens(1200, num_prompt_tokens=1000) == 250
+    assert capacity.resident_tokens_per_seq(1200, quarter, num_prompt_tokens=1000) == 250
 
 
 def test_plan_with_policy_and_fraction_budget():
-    fixed = KVConfig(spec="window(1024)", codec=CODECS["bf16"](),
-                     policy=SimpleNamespace(name="window", window=1024))
-    p = plan("llama-3-8b", fixed, context_tokens=8192)
+    p = plan("llama-3-8b", "window(size=1024)", context_tokens=8192)
+    assert p.resident_tokens_per_seq == 1024
     assert p.blocks_per_seq == 65 and p.max_context_tokens is None
-    quarter = KVConfig(spec="snapkv(0.25)", codec=CODECS["bf16"](),
-                       policy=SimpleNamespace(name="snapkv", budget=0.25))
-    q = plan("llama-3-8b", quarter, context_tokens=8192, concurrency=8)
+    q = plan("llama-3-8b", "snapkv(budget=0.25)", context_tokens=8192, concurrency=8)
     # 3,502 blocks per sequence = ceil(c / 4 / 16) + 1 -> c / 4 <= 3,501 x 16 tokens.
     assert q.max_context_tokens == 4 * 3501 * 16
-    with pytest.raises(ValueError, match="states no budget"):
-        capacity.resident_tokens_per_seq(100, SimpleNamespace(name="odd"))
+    with pytest.raises(ValueError, match="context_tokens=-1"):
+        policy("h2o(budget=8)").resident_tokens(-1)
 
 
 # ---- agreement with the engine's allocation ---------------------------------------------

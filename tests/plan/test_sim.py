@@ -13,7 +13,7 @@ from kvmap.plan.catalogue import get_gpu, get_model
 from kvmap.plan.planner import plan_capacity
 from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest, simulate
 from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
-from kvmap.plan.sim.engine import Simulator
+from kvmap.plan.sim.engine import SimState, Simulator
 from kvmap.plan.sim.hardware import Hardware, Tier, gpu_hardware
 from kvmap.plan.sim.workload import requests_from_spec
 from kvmap.workloads.arrivals import ClosedLoop, Poisson
@@ -257,3 +257,20 @@ def test_generation_stops_at_the_model_context():
     result = simulate(config, [SimRequest("r", 8000, 500, arrival_s=0.0)])
     assert result.num_finished == 1
     assert result.metrics["num_output_tokens"] == 192
+
+
+def test_policy_residency_follows_the_engine_rule():
+    """The simulator sizes a compressed sequence by ``Policy.resident_tokens``: a
+    fractional budget is a fraction of the prompt, also once decoding has outgrown it
+    (the engine fixes budgets at admission), and per-layer budgets hold the largest."""
+    request = SimRequest("r", 1000, 600, arrival_s=0.0)
+    for spec, at_prompt, at_end in [("snapkv(budget=0.25)", 250, 250),
+                                    ("streaming_llm(sinks=4,window=128)", 132, 132),
+                                    ("h2o(budget=40,layer_budgets=pyramid)", 78, 78)]:
+        config = tiered_config(kv=KVConfig.parse(spec), workload=None, tiers=())
+        sim = Simulator(config, [request])
+        state = SimState(request, arrival_s=0.0)
+        assert sim._resident_tokens(state, 999) == 999              # prompt not in yet
+        assert sim._resident_tokens(state, 1000) == at_prompt
+        assert sim._resident_tokens(state, 1599) == at_end
+        assert sim._total_blocks(state, 1599, True) == math.ceil(at_end / 16) + 1

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from kvmap import SamplingParams
-from kvmap.server.byte_tokenizer import ByteTokenizer
+from kvmap.model.byte_tokenizer import ByteTokenizer
 from tests.conftest import make_tiny_llm, random_prompts
 from tests.server.conftest import aborted_count, free_blocks, start_server
 

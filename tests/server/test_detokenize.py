@@ -2,7 +2,7 @@
 and always add up to the final text."""
 from __future__ import annotations
 
-from kvmap.server.byte_tokenizer import ByteTokenizer
+from kvmap.model.byte_tokenizer import ByteTokenizer
 from kvmap.server.detokenize import IncrementalDetokenizer
 
 

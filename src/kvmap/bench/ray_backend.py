@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvmap.bench.backends import CellBackend, CellResult, FractionCallback
+from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
 from kvmap.bench.scenario import CellSpec
 from kvmap.bench.store import RunStore
@@ -124,12 +124,14 @@ def _fits(needs: dict, nodes: list[dict]) -> bool:
     return False
 
 
+@BENCH_BACKENDS.register
 class RayBackend(CellBackend):
     """Cells as Ray tasks (module docstring). ``num_cpus`` and ``object_store_memory``
     size a local instance (default: this machine's cores, 256 MiB); they are ignored
     when connecting to a cluster."""
 
     name = "ray"
+    takes_address = True
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  object_store_memory: int | None = None):

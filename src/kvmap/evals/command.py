@@ -62,7 +62,7 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Accuracy of KV configurations against the full-precision full cache."""
-        from kvmap.cli import fail          # lazily: cli.py imports this module
+        from kvmap.cli_errors import fail
         given = {"--data": data, "--depth": depth, "--needles": needles,
                  "--text-file": text_file, "--continuation": continuation}
         try:

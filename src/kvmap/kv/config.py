@@ -14,12 +14,22 @@ from kvmap.kv import grammar
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
+from kvmap.kv.tiers.backend import backends_top_down
 
 _KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS}
 
 
 def valid_names() -> list[str]:
+    """Every spec-part name (codecs, policies, tier layouts), sorted."""
     return sorted(name for registry in _KINDS.values() for name in registry)
+
+
+def spec_names() -> dict[str, tuple[str, ...]]:
+    """Registered names by family, for listings (``kvmap specs``): the spec parts and the
+    tier backends a ``tiers(...)`` part accepts."""
+    return {"codec": tuple(sorted(CODECS)), "policy": tuple(sorted(POLICIES)),
+            "tiers": tuple(sorted(TIER_PARTS)),
+            "tier backend": tuple(b.name for b in backends_top_down())}
 
 
 @dataclass(frozen=True)

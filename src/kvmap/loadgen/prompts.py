@@ -17,17 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from kvmap.model.byte_tokenizer import ByteTokenizer
 from kvmap.workloads import WorkloadRequest, WorkloadSpec, build_requests, get_preset
-
-
-class ByteTokenizer:
-    """One token per UTF-8 byte (``bytes``): no files needed, lengths in bytes."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="ignore")
 
 
 def load_tokenizer(name: str):
@@ -35,7 +26,7 @@ def load_tokenizer(name: str):
     from kvmap.model.tokenizer import Tokenizer
     key = name.strip()
     if key.lower() == "bytes":
-        return ByteTokenizer()
+        return ByteTokenizer()          # the one a dummy:* model gets from kvmap serve
     if key.lower() in ("smollm2", "default", ""):
         from kvmap.model.loader import embedded_model_path
         return _gguf_tokenizer(embedded_model_path())

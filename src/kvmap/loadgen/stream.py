@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
-
 import aiohttp
 
-if TYPE_CHECKING:
-    from kvmap.loadgen.client import Endpoint, RawResult
-
-MAX_ERROR_CHARS = 500
+from kvmap.loadgen.endpoint import MAX_ERROR_CHARS, Endpoint, RawResult
 
 
 def error_message(raw: bytes) -> str:

@@ -25,9 +25,10 @@ of a prefill chunk, CUDA graphs, NCCL buffers and allocator slack.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
+
+from kvmap.kv.policies.base import Policy
 
 GPU_MEMORY_UTILIZATION = 0.9
 RESERVE_BYTES_PER_GPU = 2 * 2**30
@@ -45,45 +46,26 @@ def kv_heads_per_gpu(num_kv_heads: int, num_heads: int, num_gpus: int) -> int:
     return max(1, num_kv_heads // num_gpus)
 
 
-def _policy_option(policy: Any, name: str) -> Any:
-    value = getattr(policy, name, None)
-    return value if value is not None else (getattr(policy, "options", None) or {}).get(name)
-
-
-def policy_kept_tokens(policy: Any, context_tokens: int) -> int:
-    """Tokens a selection policy keeps of a ``context_tokens`` sequence (None: all of them).
-
-    A policy states its budget by a ``resident_tokens(context_tokens)`` method, else by a
-    ``budget`` (int: tokens; float in (0, 1]: fraction of the context), else by ``window``
-    (plus ``sinks``, default 0) -- as an attribute or in its ``options`` dict.
-    """
-    if policy is None:
-        return context_tokens
-    if callable(getattr(policy, "resident_tokens", None)):
-        kept = int(policy.resident_tokens(context_tokens))
-    elif (budget := _policy_option(policy, "budget")) is not None:
-        is_fraction = isinstance(budget, float) and 0 < budget <= 1
-        kept = math.ceil(budget * context_tokens) if is_fraction else int(budget)
-    elif (window := _policy_option(policy, "window")) is not None:
-        kept = int(_policy_option(policy, "sinks") or 0) + int(window)
-    else:
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} states no budget "
-                         "(budget, window or resident_tokens); the planner cannot size it")
-    return min(context_tokens, kept)
-
-
-def resident_tokens_per_seq(context_tokens: int, policy: Any = None,
-                            sliding_window: int | None = None) -> int:
-    """Tokens of one sequence the cache must hold: the policy's budget, the model's sliding
-    window (tokens that slid out are freed), whichever is smaller."""
-    if not isinstance(context_tokens, int) or context_tokens <= 0:
+def resident_tokens_per_seq(context_tokens: int, policy: Policy | None = None,
+                            sliding_window: int | None = None, *,
+                            num_layers: int | None = None,
+                            num_prompt_tokens: int | None = None) -> int:
+    """Tokens of one sequence the cache must hold: what the policy keeps
+    (``Policy.resident_tokens``; all of them without one), capped by the model's sliding
+    window (tokens that slid out are freed). ``num_layers`` sizes per-layer budgets;
+    ``num_prompt_tokens`` is what a fractional budget is a fraction of (the context by
+    default; the prompt at decode time, as the engine does)."""
+    if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) \
+            or context_tokens <= 0:
         raise ValueError(f"context={context_tokens!r} must be a positive number of tokens")
-    kept = policy_kept_tokens(policy, context_tokens)
+    kept = context_tokens if policy is None else policy.resident_tokens(
+        context_tokens, num_layers=num_layers, num_prompt_tokens=num_prompt_tokens)
     return min(kept, sliding_window) if sliding_window else kept
 
 
-def resident_blocks(context_tokens: int, block_size: int, policy: Any = None,
-                    sliding_window: int | None = None) -> int:
+def resident_blocks(context_tokens: int, block_size: int, policy: Policy | None = None,
+                    sliding_window: int | None = None, *, num_layers: int | None = None,
+                    num_prompt_tokens: int | None = None) -> int:
     """Blocks one sequence holds. Freeing is by whole blocks, so a trimmed sequence keeps one
     partly-dropped block beside its kept tokens (vLLM's sliding-window rule does the same).
     Block size 4, 17 tokens, 4 sinks + the last 6 kept (10 tokens)::
@@ -91,7 +73,9 @@ def resident_blocks(context_tokens: int, block_size: int, policy: Any = None,
         tokens  [s s s s|x x x x|x x x k|k k k k|k . . .]   s sink, x dropped, k kept
         blocks   kept    freed   partly  kept    kept      -> ceil(10 / 4) + 1 = 4 blocks
     """
-    resident = resident_tokens_per_seq(context_tokens, policy, sliding_window)
+    resident = resident_tokens_per_seq(context_tokens, policy, sliding_window,
+                                       num_layers=num_layers,
+                                       num_prompt_tokens=num_prompt_tokens)
     num_blocks = math.ceil(resident / block_size)
     if resident < context_tokens:
         num_blocks = min(num_blocks + 1, math.ceil(context_tokens / block_size))
@@ -112,15 +96,17 @@ def num_blocks_in(kv_bytes: int, kv_bytes_per_block: int) -> int:
     return max(0, kv_bytes) // kv_bytes_per_block
 
 
-def max_context_tokens(num_blocks: int, num_seqs: int, block_size: int, policy: Any = None,
-                       sliding_window: int | None = None) -> int | None:
+def max_context_tokens(num_blocks: int, num_seqs: int, block_size: int,
+                       policy: Policy | None = None, sliding_window: int | None = None, *,
+                       num_layers: int | None = None) -> int | None:
     """Largest context each of ``num_seqs`` sequences can have at once in ``num_blocks``
     blocks; None when no context is too long (a policy or window bounds the residency)."""
     if not isinstance(num_seqs, int) or num_seqs <= 0:
         raise ValueError(f"concurrency={num_seqs!r} must be a positive integer")
 
     def fits(context_tokens: int) -> bool:
-        blocks = resident_blocks(context_tokens, block_size, policy, sliding_window)
+        blocks = resident_blocks(context_tokens, block_size, policy, sliding_window,
+                                 num_layers=num_layers)
         return num_seqs * blocks <= num_blocks
 
     if fits(UNBOUNDED_TOKENS):

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvmap.cli_errors import fail
 from kvmap.config import format_bytes, parse_size
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import get_gpu, get_model
@@ -54,8 +55,7 @@ def plan(
                                reserve_bytes_per_gpu=reserve_bytes)
                  for spec in (kv or DEFAULT_KV_SPECS)]
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(e))
     if as_json:
         typer.echo(json.dumps({"model": plan_model.name, "gpu": plan_gpu.to_dict(),
                                "num_gpus": num_gpus, "weights_format": plans[0].weights_format,

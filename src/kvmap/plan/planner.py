@@ -76,7 +76,8 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     bytes_per_token = kv.codec.block_bytes(geom_model, capacity.COMPUTE_DTYPE) / block_size
 
     window = c.sliding_window
-    blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window)
+    blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window,
+                                              num_layers=c.num_layers)
     all_weight_bytes = weight_bytes(model, weights)
     weight_bytes_gpu = math.ceil(all_weight_bytes / num_gpus)
     usable = capacity.usable_kv_bytes_per_gpu(gpu.memory_bytes, weight_bytes_gpu,
@@ -88,7 +89,8 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
         kv_read = num_seqs * blocks_per_seq * block_bytes_gpu
         return capacity.decode_step_s(weight_bytes_gpu, kv_read, gpu.memory_bandwidth_bytes_per_s)
 
-    resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window)
+    resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window,
+                                                num_layers=c.num_layers)
     return CapacityPlan(
         model=c.name, gpu=gpu.name, num_gpus=num_gpus, kv_spec=kv.spec,
         weights_format=weights.strip().lower(), block_size=block_size,
@@ -100,7 +102,8 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
         memory_bytes_per_gpu=gpu.memory_bytes, usable_kv_bytes_per_gpu=usable,
         num_blocks_per_gpu=num_blocks, max_concurrent_seqs=max_seqs,
         max_context_tokens=capacity.max_context_tokens(num_blocks, concurrency, block_size,
-                                                       kv.policy, window),
+                                                       kv.policy, window,
+                                                       num_layers=c.num_layers),
         model_max_context_tokens=c.max_position_embeddings,
         decode_step_s=step_s(concurrency),
         decode_step_s_at_max_seqs=step_s(max_seqs) if max_seqs else math.nan,
@@ -117,7 +120,7 @@ def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,
         notes.append(f"resident tokens capped by the model's {c.sliding_window}-token sliding "
                      "window, assuming blocks that slide out are freed (vLLM v1 does)")
     if kv.policy is not None and resident_tokens < context_tokens:
-        notes.append(f"policy {getattr(kv.policy, 'name', kv.policy)!r} keeps "
+        notes.append(f"policy {kv.policy.name!r} keeps "
                      f"{resident_tokens} of {context_tokens} tokens after it compresses; a "
                      "prompt in prefill may briefly hold all of its tokens")
     if context_tokens > c.max_position_embeddings:

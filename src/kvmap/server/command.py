@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         """Serve the OpenAI-compatible API (completions, chat, metrics) on uvicorn."""
         import uvicorn
 
-        from kvmap.cli import fail
+        from kvmap.cli_errors import fail
         if not 0 < port < 65536:
             fail(f"--port={port} must be in 1..65535")
         if max_queue < 1:

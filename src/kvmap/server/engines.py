@@ -16,7 +16,7 @@ import torch
 from kvmap.config import DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_size
 from kvmap.engine.engine import Engine
 from kvmap.kv.config import KVConfig
-from kvmap.server.byte_tokenizer import ByteTokenizer
+from kvmap.model.byte_tokenizer import ByteTokenizer
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,7 @@ def make_engine_factory(config: ServerEngineConfig, kv: str):
                                  seed=config.seed)
     loaded = load_model(config.model, getattr(torch, DTYPES[config.dtype]), device)
     if loaded.tokenizer is None:
-        loaded.tokenizer = ByteTokenizer(loaded.config.bos_token_id,
-                                         loaded.config.eos_token_ids)
+        loaded.tokenizer = ByteTokenizer.for_model(loaded.config)
     first = Engine(engine_config, loaded, kv_config)
 
     def factory(spec: str, **scheduler_overrides: int) -> Engine:

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from kvmap.kv.tiers import TIER_BACKENDS
 from kvmap.kv.tiers.base import Tier
 from kvmap.kv.tiers.disk import DiskTier
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
@@ -14,7 +15,6 @@ from kvmap.kv.tiers.serde import decode_block, encode_block
 
 PAYLOAD_BYTES = 1000
 FRAME_BYTES = len(encode_block([{"k": torch.zeros(PAYLOAD_BYTES, dtype=torch.uint8)}]))
-TIER_NAMES = ["host", "disk", pytest.param("redis", marks=pytest.mark.redis)]
 
 
 def frame(seed: int, payload_bytes: int = PAYLOAD_BYTES) -> bytes:
@@ -24,27 +24,33 @@ def frame(seed: int, payload_bytes: int = PAYLOAD_BYTES) -> bytes:
     return encode_block([{"k": t}])
 
 
+# One row per tier backend: its constructor keywords in a test, and how many blocks it
+# really holds, counted from the backend itself (not from the tier's own index).
+TIER_ROWS = {
+    "host": (lambda request: {}, lambda tier: len(tier._data)),
+    "disk": (lambda request: {"directory": request.getfixturevalue("tmp_path")},
+             lambda tier: len(list(tier.directory.glob("*.kvb")))),
+    "redis": (lambda request: {"url": request.getfixturevalue("redis_url")},
+              lambda tier: len(list(tier.client.scan_iter(match=tier.key_prefix + b"*")))),
+}
+TIER_NAMES = [pytest.param(name, marks=pytest.mark.redis) if name == "redis" else name
+              for name in TIER_ROWS]
+
+
+def test_every_registered_backend_has_a_row():
+    assert sorted(TIER_ROWS) == sorted(TIER_BACKENDS)
+
+
 def make_tier(kind: str, capacity_bytes: int, eviction: str, request, **kw) -> Tier:
-    if kind == "host":
-        tier = HostTier(capacity_bytes, eviction, **kw)
-    elif kind == "disk":
-        tier = DiskTier(capacity_bytes, eviction, directory=request.getfixturevalue("tmp_path"),
-                        **kw)
-    else:
-        from kvmap.kv.tiers.redis_tier import RedisTier
-        tier = RedisTier(capacity_bytes, eviction, url=request.getfixturevalue("redis_url"),
-                         **kw)
+    """A ``kind`` tier built by its registered backend, closed at the test's end."""
+    tier = TIER_BACKENDS[kind].create(capacity_bytes, eviction,
+                                      **TIER_ROWS[kind][0](request), **kw)
     request.addfinalizer(tier.close)
     return tier
 
 
 def stored_count(tier: Tier) -> int:
-    """Blocks the backend really holds, counted from the backend itself."""
-    if isinstance(tier, HostTier):
-        return len(tier._data)
-    if isinstance(tier, DiskTier):
-        return len(list(tier.directory.glob("*.kvb")))
-    return len(list(tier.client.scan_iter(match=tier.key_prefix + b"*")))
+    return TIER_ROWS[tier.name][1](tier)
 
 
 @pytest.fixture(params=EVICTION_ORDERS)

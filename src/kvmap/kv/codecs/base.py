@@ -25,6 +25,7 @@ import torch
 
 from kvmap.kv.options import Options
 from kvmap.kv.spec import KVGeometry, block_bytes_of
+from kvmap.registry import Registry
 
 
 @dataclass
@@ -123,3 +124,7 @@ class Codec(Options):
     def bytes_per_token(self, geom: KVGeometry,
                         compute_dtype: torch.dtype = torch.bfloat16) -> float:
         return self.block_bytes(geom, compute_dtype) / geom.block_size
+
+
+# spec-string name -> codec class; each codec file registers its classes here
+CODECS: Registry[type[Codec]] = Registry("codec")

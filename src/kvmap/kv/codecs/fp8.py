@@ -8,10 +8,12 @@ usual fp8 KV setting; every option of :mod:`kvmap.kv.codecs.scaled` applies.
 """
 from __future__ import annotations
 
+from kvmap.kv.codecs.base import CODECS
 from kvmap.kv.codecs.quant import FP8_DTYPES, FP8Grid
 from kvmap.kv.codecs.scaled import ScaledCodec
 
 
+@CODECS.register
 class FP8(ScaledCodec):
     name, default_granularity = "fp8", "tensor"
     defaults = {**ScaledCodec.defaults, "format": "e4m3"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from kvmap.kv.codecs.base import CODECS
 from kvmap.kv.codecs.quant import IntGrid
 from kvmap.kv.codecs.scaled import ScaledCodec
 
@@ -25,15 +26,18 @@ class IntCodec(ScaledCodec):
         return IntGrid(self.bits, self.options["symmetric"])
 
 
+@CODECS.register
 class Int8(IntCodec):
     name, bits = "int8", 8
 
 
+@CODECS.register
 class Int4(IntCodec):
     name, bits, default_granularity = "int4", 4, "group"
     defaults = {**ScaledCodec.defaults, "symmetric": False}
 
 
+@CODECS.register
 class Int2(IntCodec):
     name, bits, default_granularity = "int2", 2, "group"
     defaults = {**ScaledCodec.defaults, "symmetric": False}

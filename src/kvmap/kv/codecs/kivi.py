@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.codecs.base import LayerStore
+from kvmap.kv.codecs.base import CODECS, LayerStore
 from kvmap.kv.codecs.block_quant import BlockQuant
 from kvmap.kv.codecs.quant import IntGrid
 from kvmap.kv.codecs.quantizers import SlotQuant, TensorQuant, flat_slots
 from kvmap.kv.codecs.scaled import QuantCodec
 
 
+@CODECS.register
 class KIVI(QuantCodec):
     name = "kivi"
     defaults = {"bits": 2, "group_size": None, "residual": 128}   # group_size: as int4's

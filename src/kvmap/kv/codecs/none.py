@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import torch
 
-from kvmap.kv.codecs.base import Codec, LayerStore
+from kvmap.kv.codecs.base import CODECS, Codec, LayerStore
 from kvmap.kv.spec import KVGeometry
 
 
@@ -37,16 +37,19 @@ class PlainCodec(Codec):
         return k.to(dtype), v.to(dtype)   # no copy when storage dtype == compute dtype
 
 
+@CODECS.register
 class FP32(PlainCodec):
     name = "fp32"
     storage_dtype = torch.float32
 
 
+@CODECS.register
 class BF16(PlainCodec):
     name = "bf16"
     storage_dtype = torch.bfloat16
 
 
+@CODECS.register
 class FP16(PlainCodec):
     name = "fp16"
     storage_dtype = torch.float16

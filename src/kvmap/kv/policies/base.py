@@ -32,6 +32,7 @@ import torch
 
 from kvmap.kv.options import Options
 from kvmap.kv.policies.layer_budgets import parse_layer_budgets, split_budget
+from kvmap.registry import Registry
 
 
 @dataclass
@@ -98,6 +99,31 @@ class Policy(Options):
         return split_budget(spec, self.budget_tokens(num_prompt_tokens), num_layers,
                             num_prompt_tokens, floor=self.num_sinks + self.num_recent)
 
+    def layer_resident_tokens(self, context_tokens: int, num_layers: int,
+                              num_prompt_tokens: int | None = None) -> list[int]:
+        """Tokens each layer keeps of a ``context_tokens`` sequence once compressed: its
+        layer budget, or the whole context when that is shorter. A fractional budget is a
+        fraction of ``num_prompt_tokens`` (the engine fixes budgets at admission, so at
+        decode time the context outgrows the prompt), by default the context itself."""
+        _check_tokens(context_tokens)
+        prompt = context_tokens if num_prompt_tokens is None else num_prompt_tokens
+        return [min(context_tokens, b) for b in self.layer_budget_tokens(prompt, num_layers)]
+
+    def resident_tokens(self, context_tokens: int, *, num_layers: int | None = None,
+                        num_prompt_tokens: int | None = None) -> int:
+        """Tokens of a ``context_tokens`` sequence the cache holds once the policy has
+        compressed it: the slots of its one block table, i.e. the largest layer's share
+        (``layer_resident_tokens``). Block rounding and the prefill chunk in flight are the
+        caller's (``kvmap.plan.capacity.resident_blocks``). ``num_layers`` is needed only
+        with ``layer_budgets=pyramid``; an explicit list gives its own length."""
+        spec = parse_layer_budgets(self.options.get("layer_budgets"))
+        if num_layers is None:
+            if spec == "pyramid":
+                raise ValueError(f"{self.name}(layer_budgets=pyramid): resident_tokens needs "
+                                 f"num_layers to split the budget")
+            num_layers = 1 if spec is None else len(spec)
+        return max(self.layer_resident_tokens(context_tokens, num_layers, num_prompt_tokens))
+
     @property
     def num_sinks(self) -> int:
         return self.options.get("sinks", 0) or 0
@@ -131,3 +157,13 @@ class Policy(Options):
         scores[:, forced] = float("inf")
         kept = torch.topk(scores, num_keep, dim=-1).indices
         return kept.sort(dim=-1).values
+
+
+# spec-string name -> policy class; each policy file registers its class here
+POLICIES: Registry[type[Policy]] = Registry("policy")
+
+
+def _check_tokens(context_tokens: int) -> None:
+    if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) \
+            or context_tokens < 0:
+        raise ValueError(f"context_tokens={context_tokens!r} must be an integer >= 0")

@@ -9,17 +9,18 @@ tokens. The paper splits the cache evenly between the two, which is the default 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``recent`` -- newest tokens always kept (default: half of the budget); ``chunked`` --
 compress after each prefill chunk (default true), ranking by the attention received so
-far (passkey at 25%, 1k/2k x 5 depths: 20% chunked and 20% final-only, so the bounded
-peak costs nothing measurable); ``layer_budgets`` -- ``pyramid`` or one budget per layer.
+far: it bounds the peak and measured no worse than compressing once
+(``docs/policies.md``); ``layer_budgets`` -- ``pyramid`` or one budget per layer.
 Scores are per KV head (the attention of its query heads, summed).
 """
 from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class H2O(Policy):
     name = "h2o"
     defaults = {"budget": 0.25, "recent": None, "chunked": True,

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class KNorm(Policy):
     name = "knorm"
     defaults = {"budget": 0.25, "chunked": True, "layer_budgets": None}

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class Random(Policy):
     name = "random"
     defaults = {"budget": 0.25, "seed": 0, "chunked": True, "layer_budgets": None}

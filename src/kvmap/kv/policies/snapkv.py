@@ -12,11 +12,10 @@ takes no part in the pooling (as in the reference code).
 Why ``kernel=11`` (the paper and kvpress use 5-7): the question's queries attend to the
 phrase that matches it ("...number for Lisbon is"), not to the answer that follows, and
 a centred pooling keeps only ``kernel // 2`` tokens past that phrase. SmolLM2 writes a
-5-digit key as a space and 5 digit tokens, so ``kernel=7`` kept "is 78" of "is 78031"
-in the retrieval layers and the model answered "7800000"; ``kernel=11`` keeps the whole
-key. Passkey at a 25% budget, 1k/2k tokens x 5 depths: kernel 7: 50%, 9: see
-docs/policies.md, 11: 100% (``benchmarks/policies.py``). A wider window (64) does not
-help (40%): the extra queries vote for the same phrase.
+5-digit key as a space and 5 digit tokens, so a kernel of 7 keeps only the key's first
+digits next to the phrase and the model answers with a wrong tail; 11 keeps the whole
+key. A wider observation window does not help: the extra queries vote for the same
+phrase. The passkey figures behind these choices are in ``docs/policies.md``.
 
 ``chunked=true`` compresses after every prefill chunk, scoring each chunk with its own
 last ``window`` queries (the peak is budget + one chunk instead of the whole prompt;
@@ -35,9 +34,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class SnapKV(Policy):
     name = "snapkv"
     defaults = {"budget": 0.25, "window": 32, "kernel": 11, "pooling": "avg", "chunked": False,

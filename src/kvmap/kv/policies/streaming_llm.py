@@ -14,9 +14,10 @@ import math
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class StreamingLLM(Policy):
     name = "streaming_llm"
     defaults = {"sinks": 4, "window": None, "budget": None, "chunked": True}

@@ -12,10 +12,9 @@ token per step as in the paper.
 With ``chunked=true`` the prompt is compressed after every prefill chunk, ranked by the
 attention of each chunk's last token (TOVA's own rule, a chunk at a time): the peak is
 the budget plus one chunk, but a chunk's last token is ordinary text, which drops what
-only the question at the end would ask for. Measured (passkey, 25% budget, 1k/2k x 5
-depths, ``benchmarks/policies.py``): 70% final-only, 40% chunked -- so the default is
-final-only (``chunked=false``): the whole prompt is resident until its last token
-ranks it.
+only the question at the end would ask for, and retrieval measured clearly worse that
+way (``docs/policies.md``) -- so the default is final-only (``chunked=false``): the
+whole prompt is resident until its last token ranks it.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
@@ -25,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class TOVA(Policy):
     name = "tova"
     defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None}

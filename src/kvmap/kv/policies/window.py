@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.kv.policies.base import Policy, ScoreInputs
+from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 
 
+@POLICIES.register
 class Window(Policy):
     name = "window"
     defaults = {"size": 1024, "chunked": True}

@@ -1,15 +1,10 @@
-"""Tier-layout registry: spec-string parts ``tiers(...)`` and ``recompute``
-(``layout.py``), looked up by name by ``kvmap.kv.config``."""
+"""The tiers below the pool. Importing this package registers the layout parts
+(``tiers(...)``, ``recompute``: ``TIER_PARTS`` in ``layout.py``) and every tier backend
+(``TIER_BACKENDS`` in ``backend.py``; each backend file registers itself)."""
 from __future__ import annotations
 
-TIER_PARTS: dict[str, type] = {}
+from kvmap.kv.tiers import disk, host, redis_tier  # noqa: F401  (they register)
+from kvmap.kv.tiers.backend import TIER_BACKENDS
+from kvmap.kv.tiers.layout import TIER_PARTS
 
-
-def register(cls: type) -> type:
-    TIER_PARTS[cls.name] = cls
-    return cls
-
-
-from kvmap.kv.tiers import layout  # noqa: E402  (registers tiers and recompute)
-
-__all__ = ["TIER_PARTS", "register", "layout"]
+__all__ = ["TIER_BACKENDS", "TIER_PARTS"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Union
 
 from kvmap.kv.tiers import serde
+from kvmap.metrics import percentile
 from kvmap.kv.tiers.eviction import EvictionOrder, make_eviction_order
 
 Key = Union[str, bytes]
@@ -40,15 +41,11 @@ class TierError(Exception):
         self.kind = kind
 
 
-def percentile(values, q: float) -> float:
-    """Linear-interpolated ``q``-th percentile (0..100) of ``values``; nan when empty."""
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def _percentile_s(values, q: float) -> float:
+    """``kvmap.metrics.percentile``, nan instead of None when there are no latencies (the
+    flat tier record keeps a float in every field)."""
+    value = percentile(values, q)
+    return float("nan") if value is None else value
 
 
 @dataclass
@@ -82,10 +79,10 @@ class TierStats:
                 "bytes_written": self.bytes_written, "hit_rate": self.hit_rate,
                 "read_s": self.read_s, "write_s": self.write_s,
                 "io_s": self.read_s + self.write_s,
-                "read_p50_s": percentile(self.read_latencies_s, 50),
-                "read_p99_s": percentile(self.read_latencies_s, 99),
-                "write_p50_s": percentile(self.write_latencies_s, 50),
-                "write_p99_s": percentile(self.write_latencies_s, 99),
+                "read_p50_s": _percentile_s(self.read_latencies_s, 50),
+                "read_p99_s": _percentile_s(self.read_latencies_s, 99),
+                "write_p50_s": _percentile_s(self.write_latencies_s, 50),
+                "write_p99_s": _percentile_s(self.write_latencies_s, 99),
                 "errors": dict(self.errors)}
 
 

@@ -12,8 +12,9 @@ What is measured, and how:
   into the pool, end to end (the tier read, the frame check, a codec conversion if any,
   the copy into every layer). Each fetched block updates it with
   ``bytes / (seconds - latency_s)``, an exponential moving average; until the first
-  fetch it is a per-kind prior.
-- ``latency_s[tier]``: a per-kind prior (host 20 us, disk 200 us, Redis 500 us). All
+  fetch it is the backend's ``bandwidth_prior_bytes_per_s``.
+- ``latency_s[tier]``: a per-kind prior, the backend's ``latency_prior_s`` (``backend.py``;
+  host 20 us, disk 200 us, Redis 500 us). All
   blocks of one level have the same size, so one size cannot separate latency from
   bandwidth; the prior latency only shapes how the measured time is split.
 - ``compute_flops_per_s``: FLOPs over seconds of every engine step that computed prompt
@@ -32,9 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.config import ModelConfig
+from kvmap.kv.tiers.backend import TIER_BACKENDS
 
-LATENCY_PRIOR_S = {"host": 20e-6, "disk": 200e-6, "redis": 500e-6}
-BANDWIDTH_PRIOR = {"host": 2e9, "disk": 5e8, "redis": 2e8}   # bytes per second
 EMA_WEIGHT = 0.2   # weight of a new observation; the first one replaces the prior
 
 
@@ -104,7 +104,8 @@ class CostModel:
             raise ValueError(f"compute_flops_per_s={compute_flops_per_s!r} must be positive")
         self.model_config = model_config
         self.mode = mode
-        self.links = {kind: LinkEstimate(LATENCY_PRIOR_S[kind], BANDWIDTH_PRIOR[kind])
+        self.links = {kind: LinkEstimate(TIER_BACKENDS[kind].latency_prior_s,
+                                         TIER_BACKENDS[kind].bandwidth_prior_bytes_per_s)
                       for kind in tier_kinds}
         self.compute_flops_per_s = compute_flops_per_s
         self.num_compute_observations = 0

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
 
 SUFFIX = ".kvb"
@@ -30,6 +31,8 @@ def _os_error_kind(e: OSError) -> str:
     return "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "io"
 
 
+@tier_backend(order=20, latency_prior_s=200e-6, bandwidth_prior_bytes_per_s=5e8,
+              options={"disk_path": "directory"})
 class DiskTier(Tier):
     """Blocks as files under ``directory`` (default: a fresh temp dir, removed by
     :meth:`close`). ``capacity_bytes`` bounds the sum of file sizes."""

@@ -6,9 +6,11 @@ the device is known, not in a tier that only knows bytes.
 """
 from __future__ import annotations
 
+from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier
 
 
+@tier_backend(order=10, latency_prior_s=20e-6, bandwidth_prior_bytes_per_s=2e9)
 class HostTier(Tier):
     """A dict of bytes bounded by ``capacity_bytes``. No CRC on reads: nothing between
     ``put`` and ``get`` can corrupt process memory that the tier alone holds."""

@@ -6,9 +6,13 @@
           prefetch_pages=N, host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)
     recompute
 
-A layout only describes; :class:`kvmap.kv.tiers.store.TieredStore` builds the tiers.
+The per-level options come from the registered tier backends (``backend.py``): each
+backend ``NAME`` adds ``NAME=``, ``NAME_codec=`` and its own options, so a new backend
+needs no edit here. A layout only describes; :class:`kvmap.kv.tiers.store.TieredStore`
+builds the tiers.
 
-Levels run top-down, host -> disk -> redis, over the ones given (at least one). A block
+Levels run top-down (host -> disk -> redis, by each backend's ``order``), over the ones
+given (at least one). A block
 that leaves the pool goes to the top level; a level's victims go to the next one down.
 A level's codec defaults to the one above it (the pool's codec for the top level), so
 ``tiers(host=1GiB, disk=8GiB, disk_codec=int4)`` keeps host blocks exact and re-encodes
@@ -34,17 +38,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kvmap.config import parse_size
 from kvmap.kv import grammar
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.options import Options
-from kvmap.kv.tiers import register
+from kvmap.kv.tiers.backend import backends_top_down
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
+from kvmap.registry import Registry
 
-LEVEL_NAMES = ("host", "disk", "redis")
 PREFETCH_MODES = ("none", "window", "attention")
 FETCH_MODES = ("cost", "always")
-DEFAULT_REDIS_SIZE = "1GiB"
+# spec-string name -> layout part (``tiers``, ``recompute``)
+TIER_PARTS: Registry[type] = Registry("tier layout")
 
 
 @dataclass(frozen=True)
@@ -66,22 +70,28 @@ class Layout(Options):
     fetch: str = "cost"
 
 
-@register
+@TIER_PARTS.register
 class Recompute(Layout):
     """No tiers: blocks that leave the pool are dropped; prefixes are recomputed."""
 
     name = "recompute"
 
 
-@register
+@TIER_PARTS.register
 class Tiers(Layout):
     """Host RAM, local disk and Redis below the pool (see the module docstring)."""
 
     name = "tiers"
-    defaults = {"host": None, "disk": None, "disk_path": None, "redis": None,
-                "redis_size": None, "evict": "lru", "prefetch": "none", "fetch": "cost",
-                "page_blocks": 16, "prefetch_depth": 2, "prefetch_pages": 0,
-                "host_codec": None, "disk_codec": None, "redis_codec": None}
+    common_defaults: ClassVar[dict] = {
+        "evict": "lru", "prefetch": "none", "fetch": "cost", "page_blocks": 16,
+        "prefetch_depth": 2, "prefetch_pages": 0}
+
+    @property
+    def defaults(self) -> dict:
+        """The common options and every registered backend's (all default None)."""
+        per_backend = {option: None for backend in backends_top_down()
+                       for option in backend.spec_options()}
+        return {**per_backend, **self.common_defaults}
 
     def validate(self) -> None:
         o = self.options
@@ -101,32 +111,17 @@ class Tiers(Layout):
             raise ValueError(f"tiers: fetch={o['fetch']!r} is not one of "
                              f"{', '.join(FETCH_MODES)}")
         self.fetch = o["fetch"]
-        for needs, option in (("disk", "disk_path"), ("redis", "redis_size")):
-            if o[option] is not None and o[needs] is None:
-                raise ValueError(f"tiers: {option}={o[option]} is given without {needs}=")
-        redis = o["redis"]
-        if redis is not None and (not isinstance(redis, str) or not redis.startswith(
-                ("redis://", "rediss://", "unix://"))):
-            raise ValueError(f"tiers: redis={redis!r} is not a redis://, rediss:// or "
-                             "unix:// URL")
         levels = []
-        for name in LEVEL_NAMES:
-            codec = _codec(o[f"{name}_codec"], f"{name}_codec")
-            if o[name] is None:
-                if codec is not None:
-                    raise ValueError(f"tiers: {name}_codec={o[f'{name}_codec']} is given "
-                                     f"without {name}=")
+        for backend in backends_top_down():
+            codec = _codec(o[f"{backend.name}_codec"], f"{backend.name}_codec")
+            if not backend.enabled(o):
+                backend.check_unused(o)
                 continue
-            size = (o["redis_size"] or DEFAULT_REDIS_SIZE) if name == "redis" else o[name]
-            option = "redis_size" if name == "redis" else name
-            capacity = parse_size(size, f"tiers {option}")
-            if capacity <= 0:
-                raise ValueError(f"tiers: {option}={size} must be a positive byte size")
-            backend = ({"directory": o["disk_path"]} if name == "disk" and o["disk_path"]
-                       else {"url": redis} if name == "redis" else {})
-            levels.append(TierLevel(name, capacity, codec, backend))
+            capacity, backend_options = backend.level_args(o)
+            levels.append(TierLevel(backend.name, capacity, codec, backend_options))
         if not levels:
-            raise ValueError("tiers: give at least one of host=, disk=, redis= (or use "
+            given = ", ".join(f"{b.name}=" for b in backends_top_down())
+            raise ValueError(f"tiers: give at least one of {given} (or use "
                              "`recompute` for no tiers)")
         self.levels = tuple(levels)
 

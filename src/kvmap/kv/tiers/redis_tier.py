@@ -27,12 +27,21 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
 
 _DOWN_ERRORS = {redis.exceptions.ConnectionError: "connection",
                 redis.exceptions.TimeoutError: "timeout"}
 
 
+def _check_url(url) -> None:
+    """``tiers(redis=URL)``: the URL schemes redis-py connects to."""
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"tiers: redis={url!r} is not a redis://, rediss:// or unix:// URL")
+
+
+@tier_backend(order=30, latency_prior_s=500e-6, bandwidth_prior_bytes_per_s=2e8,
+              locator="url", size_option="redis_size", default_size="1GiB", check=_check_url)
 class RedisTier(Tier):
     """Blocks in the Redis at ``url`` under ``key_prefix`` (default: unique per tier,
     so tiers sharing a server never collide). Connects lazily, on first use."""

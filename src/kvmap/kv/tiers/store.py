@@ -45,6 +45,7 @@ from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.codecs import Codec
 from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.backend import TIER_BACKENDS
 from kvmap.kv.tiers.base import Key, Tier
 from kvmap.kv.tiers.cost import CostModel, matmul_flops_per_s
 from kvmap.kv.tiers.frames import BlockFrames, same_codec
@@ -84,16 +85,9 @@ class Level:
 
 
 def make_tier(level: TierLevel, eviction: str) -> Tier:
-    if level.name == "host":
-        from kvmap.kv.tiers.host import HostTier
-        return HostTier(level.capacity_bytes, eviction)
-    if level.name == "disk":
-        from kvmap.kv.tiers.disk import DiskTier
-        return DiskTier(level.capacity_bytes, eviction, **level.backend_options)
-    if level.name == "redis":
-        from kvmap.kv.tiers.redis_tier import RedisTier
-        return RedisTier(level.capacity_bytes, eviction, **level.backend_options)
-    raise ValueError(f"tier level {level.name!r} is not one of host, disk, redis")
+    """The level's tier, built by its registered backend (``backend.py``)."""
+    return TIER_BACKENDS[level.name].create(level.capacity_bytes, eviction,
+                                            **level.backend_options)
 
 
 class TieredStore:

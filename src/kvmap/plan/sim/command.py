@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvmap.cli_errors import fail
 from kvmap.config import format_bytes
 from kvmap.plan.sim.blocks import SimulationError
 from kvmap.plan.sim.results import SimResult
@@ -38,8 +39,7 @@ def simulate_command(
         loaded = load_sim_scenario(scenario)
         results = [simulate(config) for config in loaded.configs]
     except (ScenarioError, SimulationError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(e))
     if as_json:
         typer.echo(json.dumps({"scenario": loaded.name, "source": loaded.source,
                                "description": loaded.description,

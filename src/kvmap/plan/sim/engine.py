@@ -100,6 +100,7 @@ class Simulator:
         self.num_hbm_blocks = self._pool_blocks()
         self.policy = config.kv.policy
         self.window = config.model.config.sliding_window
+        self.num_layers = config.model.config.num_layers
         self.keyed = (e.enable_prefix_caching and self.policy is None and not self.window
                       and e.hbm_window_tokens is None)
         self.window_blocks = (None if e.hbm_window_tokens is None
@@ -137,13 +138,17 @@ class Simulator:
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
         policy = self.policy if compressed else None
-        return capacity.resident_blocks(num_tokens, self.block_size, policy, self.window)
+        return capacity.resident_blocks(num_tokens, self.block_size, policy, self.window,
+                                        num_layers=self.num_layers,
+                                        num_prompt_tokens=st.req.prompt_tokens)
 
     def _resident_tokens(self, st: SimState, num_computed: int) -> int:
         if num_computed <= 0:
             return 0
         policy = self.policy if num_computed >= st.req.prompt_tokens else None
-        return capacity.resident_tokens_per_seq(num_computed, policy, self.window)
+        return capacity.resident_tokens_per_seq(num_computed, policy, self.window,
+                                                num_layers=self.num_layers,
+                                                num_prompt_tokens=st.req.prompt_tokens)
 
     def _split(self, total_blocks: int) -> tuple[int, int]:
         """(HBM blocks, offloaded blocks) of a request holding ``total_blocks``."""

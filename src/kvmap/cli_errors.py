@@ -1,0 +1,16 @@
+"""How every ``kvmap`` subcommand rejects a bad argument: a message on stderr, exit code 2.
+
+A module of its own, below ``cli.py`` and the feature packages' ``command.py`` files, so
+that they all import it downward (``cli.py`` imports those commands to wire them).
+"""
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with code 2 (a usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
