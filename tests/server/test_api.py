@@ -12,6 +12,7 @@ import pytest
 
 from kvmap import SamplingParams
 from kvmap.server.byte_tokenizer import ByteTokenizer
+from kvmap.server.engine_faults import RestartBudget
 from tests.conftest import make_tiny_llm, random_prompts
 from tests.server.conftest import aborted_count, free_blocks, start_server
 
@@ -388,11 +389,18 @@ def test_queue_bound_gives_503():
 
 
 def test_dead_engine_gives_503_on_health_and_requests():
+    """An internal fault with the restart budget spent (here: none allowed) leaves the
+    loop dead for good: 503 on the request in flight, on /health and on every request
+    after. (A fault within the budget restarts the engine: ``test_faults``.)"""
     server = start_server()
     try:
         def explode():
             raise RuntimeError("injected fault")
-        server.call(lambda loop: setattr(loop.active, "step", explode))
+
+        def inject(loop):
+            loop.restarts = RestartBudget(max_restarts=0)
+            loop.active.step = explode
+        server.call(inject)
         with server.client() as c:
             r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
             assert_error(r, 503)

@@ -4,8 +4,8 @@ Requests are pydantic models: a body that does not fit (wrong type, out of range
 400 with the field named (see ``errors``). Unknown fields are ignored, as vLLM does.
 Fields the engine cannot honour are accepted only at their neutral value (``n=1``,
 ``logprobs=null``, penalties 0, ...) and rejected otherwise with the field named --
-``unsupported`` lists them. Responses are plain dicts built by ``responses_*`` helpers
-in ``app``; their models here document the schema for clients and the fuzz test.
+``unsupported`` lists them. Non-streaming responses are built as these models by the
+routes (``routes/``); streamed chunks are dicts of the same fields.
 """
 from __future__ import annotations
 
@@ -214,6 +214,21 @@ class ChatCompletionResponse(_Base):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(_Base):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kvmap"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(_Base):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class ErrorInfo(_Base):
