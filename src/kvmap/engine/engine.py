@@ -28,6 +28,7 @@ from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
 from kvmap.engine.scheduler import Scheduler
+from kvmap.engine.stop_strings import stop_in_tail
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
 
@@ -259,8 +260,9 @@ class Engine:
             return self._finish(req, RequestStatus.FINISHED_STOPPED)
         if token in p.stop_token_ids:
             return self._finish(req, RequestStatus.FINISHED_STOPPED)
-        if p.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_token_ids)
+        if p.stop and self.tokenizer is not None \
+                and stop_in_tail(self.tokenizer, req.output_token_ids, p.stop):
+            text = self.tokenizer.decode(req.output_token_ids)   # once, to cut exactly
             hits = [text.find(s) for s in p.stop if s in text]
             if hits:
                 req.output_text = text[:min(hits)]
