@@ -110,7 +110,15 @@ class ServerMetrics:
         def histogram(name, doc, buckets):
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*lv)
 
-        # ---- vLLM names ------------------------------------------------------------------
+        self._add_vllm_metrics(counter, gauge, histogram, max_model_len)
+        self._add_kvmap_metrics(counter, gauge)
+        r.register(_ProcessCollector())
+        self._seen: dict[tuple[int, str], float] = {}   # (engine id, counter) -> last value
+        self._configs: set[str] = set()
+
+    def _add_vllm_metrics(self, counter, gauge, histogram, max_model_len: int) -> None:
+        """vLLM v1's names, help texts and buckets."""
+        lv = self.labels
         self.num_running = gauge("vllm:num_requests_running",
                                  "Number of requests in model execution batches.").labels(*lv)
         self.num_waiting = gauge("vllm:num_requests_waiting",
@@ -164,7 +172,10 @@ class ServerMetrics:
         self.decode_time = histogram("vllm:request_decode_time_seconds",
                                      "Histogram of time spent in DECODE phase for request.",
                                      REQUEST_LATENCY_BUCKETS_S)
-        # ---- kvmap extras ----------------------------------------------------------------
+
+    def _add_kvmap_metrics(self, counter, gauge) -> None:
+        """What vLLM lacks: tiers, evictions, the KV configuration, faults."""
+        lv, r = self.labels, self.registry
         self.aborted = counter("kvmap:request_aborted",
                                "Requests aborted before finishing (client disconnect, "
                                "server shutdown).").labels(*lv)
@@ -202,9 +213,6 @@ class ServerMetrics:
         self.engine_restarts = counter("kvmap:engine_restarts",
                                        "Engines rebuilt over the same weights after an "
                                        "internal fault.").labels(*lv)
-        r.register(_ProcessCollector())
-        self._seen: dict[tuple[int, str], float] = {}   # (engine id, counter) -> last value
-        self._configs: set[str] = set()
 
     # ---- engine thread ------------------------------------------------------------------
     def set_active_config(self, spec: str) -> None:
