@@ -14,7 +14,7 @@ from kvmap import SamplingParams
 from kvmap.server.byte_tokenizer import ByteTokenizer
 from kvmap.server.engine_faults import RestartBudget
 from tests.conftest import make_tiny_llm, random_prompts
-from tests.server.conftest import aborted_count, free_blocks, start_server
+from tests.server.conftest import aborted_count, free_blocks, held_engine, start_server
 
 PROMPTS = random_prompts([5, 17, 40], vocab=256, seed=3)
 
@@ -352,13 +352,6 @@ def test_queue_bound_gives_503():
     request waits (queue 1/1), the second is refused with 503, and once the engine runs
     again the first completes and new requests are accepted."""
     server = start_server(max_queue=1)
-    entered, gate = threading.Event(), threading.Event()
-
-    def hold(loop):
-        entered.set()
-        gate.wait(30)
-
-    blocker = threading.Thread(target=server.call, args=(hold,))
     results = {}
 
     def first():
@@ -367,24 +360,22 @@ def test_queue_bound_gives_503():
                                                                "max_tokens": 3})
     waiting = threading.Thread(target=first)
     try:
-        blocker.start()
-        assert entered.wait(10)
-        waiting.start()
-        deadline = time.monotonic() + 10
-        while server.loop._num_queued < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with server.client() as c:
-            err = assert_error(c.post("/v1/completions", json={"prompt": "hi",
-                                                               "max_tokens": 2}), 503)
-        assert "queue is full" in err["message"] and err["type"] == "ServiceUnavailableError"
-        gate.set()
+        with held_engine(server):
+            waiting.start()
+            deadline = time.monotonic() + 10
+            while server.loop._num_queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with server.client() as c:
+                err = assert_error(c.post("/v1/completions", json={"prompt": "hi",
+                                                                   "max_tokens": 2}), 503)
+            assert "queue is full" in err["message"] \
+                and err["type"] == "ServiceUnavailableError"
         waiting.join(30)
         assert results["first"].status_code == 200
         with server.client() as c:
             assert c.post("/v1/completions", json={"prompt": "hi",
                                                    "max_tokens": 2}).status_code == 200
     finally:
-        gate.set()
         server.close()
 
 

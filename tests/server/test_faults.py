@@ -44,6 +44,15 @@ def complete(server, prompt, **extra) -> httpx.Response:
                                                **extra})
 
 
+def stream_ids(server, prompt, out: dict) -> None:
+    """A streamed greedy completion of ``prompt``; its token ids in ``out["ids"]``."""
+    with server.client() as c:
+        r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 20,
+                                            "temperature": 0, "stream": True,
+                                            "return_token_ids": True})
+    out["ids"] = [t for e in sse_events(r.text)[:-1] for t in e["choices"][0]["token_ids"]]
+
+
 def inject_runner_fault(server, error_factory, named: bool = False):
     """The runner raises for any batch that holds the MARKER request (once per step)."""
     def install(loop):
@@ -91,19 +100,11 @@ def test_named_fault_spares_the_requests_beside_it(server, reference):
     while another request in the same batches streams on to the reference tokens."""
     inject_runner_fault(server, lambda: RuntimeError("bad block"), named=True)
     results = {}
-
-    def good():
-        with server.client() as c:
-            r = c.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 20,
-                                                "temperature": 0, "stream": True,
-                                                "return_token_ids": True})
-        results["good"] = [t for e in sse_events(r.text)[:-1]
-                           for t in e["choices"][0]["token_ids"]]
-    thread = threading.Thread(target=good)
+    thread = threading.Thread(target=stream_ids, args=(server, PROMPTS[1], results))
     thread.start()
     assert_error(complete(server, MARKER, max_tokens=400, ignore_eos=True), 500)
     thread.join(60)
-    assert results["good"] == reference[1]
+    assert results["ids"] == reference[1]
     assert check_pool(server) == 0
 
 
@@ -193,15 +194,7 @@ def hostile_bodies() -> list[tuple[str, bytes]]:
 
 def test_hostile_bodies_get_no_5xx_while_a_stream_completes(server, reference):
     done = {}
-
-    def stream():
-        with server.client() as c:
-            r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20,
-                                                "temperature": 0, "stream": True,
-                                                "return_token_ids": True})
-        done["ids"] = [t for e in sse_events(r.text)[:-1]
-                       for t in e["choices"][0]["token_ids"]]
-    thread = threading.Thread(target=stream)
+    thread = threading.Thread(target=stream_ids, args=(server, PROMPTS[0], done))
     thread.start()
     with server.client() as c:
         for path, body in hostile_bodies():

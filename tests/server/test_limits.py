@@ -11,7 +11,7 @@ import pytest
 
 from kvmap.engine.stop_strings import stop_in_tail
 from kvmap.server.byte_tokenizer import ByteTokenizer
-from tests.server.conftest import metric, start_server
+from tests.server.conftest import held_engine, metric, start_server
 from tests.server.test_api import assert_error
 
 
@@ -81,28 +81,18 @@ def test_request_timeout_while_the_engine_is_held():
     """The engine thread is held, so nothing can finish: the client still gets a 504
     at the deadline, not a hang, and the next request succeeds."""
     s = start_server(request_timeout_s=0.5)
-    gate, entered = threading.Event(), threading.Event()
-
-    def hold(loop):
-        entered.set()
-        gate.wait(20)
-    blocker = threading.Thread(target=s.call, args=(hold,))
     try:
-        blocker.start()
-        assert entered.wait(10)
-        with s.client() as c:
-            for stream in (False, True):
-                err = assert_error(c.post("/v1/completions", json={
-                    "prompt": "hi", "max_tokens": 3, "stream": stream}), 504)
-                assert err["type"] == "TimeoutError"
-        gate.set()
-        blocker.join()
+        with held_engine(s):
+            with s.client() as c:
+                for stream in (False, True):
+                    err = assert_error(c.post("/v1/completions", json={
+                        "prompt": "hi", "max_tokens": 3, "stream": stream}), 504)
+                    assert err["type"] == "TimeoutError"
         with s.client() as c:
             assert c.post("/v1/completions", json={"prompt": "hi",
                                                    "max_tokens": 3}).status_code == 200
         assert metric(s, "kvmap:request_timeouts_total") >= 1
     finally:
-        gate.set()
         s.close()
 
 
