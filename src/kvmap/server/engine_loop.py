@@ -86,6 +86,7 @@ class EngineLoop:
         self.restarts = RestartBudget()
         self.num_restarts = 0
         self.error: BaseException | None = None
+        self.scorer: tuple[str, Engine] | None = None   # (KV spec, engine): ``logprobs``
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._num_queued = 0                 # accepted, not yet scheduled (inbox included)
@@ -330,7 +331,7 @@ class EngineLoop:
     def _shutdown(self) -> None:
         self.publisher.abort_all()
         self._drain(EngineDeadError("the server is shutting down"))
-        for engine in self.engines:
+        for engine in self.engines + ([self.scorer[1]] if self.scorer else []):
             try:
                 engine.close()
             except Exception:       # noqa: BLE001

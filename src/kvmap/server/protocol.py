@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvmap.request import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20           # top log-probabilities one token may ask for (vLLM's default)
 MIN_TEMPERATURE = 0.01      # vLLM's floor: logits / 1e-300 overflow to inf and NaN the softmax
 # top_p below float32's smallest subnormal rounds to 0 in the sampler's comparison and
 # would drop every token; any top_p <= 1/vocab keeps exactly the top token, so this
@@ -97,8 +98,11 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs is not None:
-            return "logprobs", "logprobs are not supported"
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
+            return "logprobs", (f"logprobs={self.logprobs} is above this server's limit "
+                                f"of {MAX_LOGPROBS}")
+        if self.logprobs is not None and self.stream:
+            return "logprobs", "logprobs are supported without stream only"
         if self.best_of not in (None, 1):
             return "best_of", f"best_of={self.best_of} is not supported; only 1"
         if self.suffix:
@@ -173,10 +177,17 @@ class Usage(_Base):
     total_tokens: int
 
 
+class CompletionLogprobs(_Base):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(_Base):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
