@@ -1,19 +1,16 @@
 """Reading an OpenAI-compatible response: SSE events, content chunks, usage, errors.
 
-Used by ``kvmap.loadgen.client.send_request``; fills a ``RawResult`` in place. See the
+Used by ``kvmap.loadgen.client.send_request``; fills its ``RawResult`` in place
+(``endpoint`` is its ``Endpoint``; only ``endpoint.api`` is read here, and neither is
+imported, so that the client can import this module without a cycle). See the
 client's docstring for what counts as a content chunk.
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
-
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
-
-if TYPE_CHECKING:
-    from kvmap.loadgen.client import Endpoint, RawResult
 
 MAX_ERROR_CHARS = 500
 
@@ -57,7 +54,7 @@ def chunk_text(obj: dict, api: str) -> str:
         if isinstance(part, dict) else ""
 
 
-def _take_meta(obj: dict, result: RawResult) -> None:
+def _take_meta(obj: dict, result) -> None:
     """Usage and finish reason, whichever object carries them (the last one wins)."""
     usage = obj.get("usage")
     if isinstance(usage, dict):
@@ -93,8 +90,8 @@ class SSE:
         return data
 
 
-async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
-                       result: RawResult) -> None:
+async def read_stream(response: aiohttp.ClientResponse, endpoint,
+                       result) -> None:
     sse, done, pieces = SSE(), False, []
     finish_chunk_s = None
 
@@ -151,8 +148,8 @@ def _json_object(raw: str | bytes, what: str) -> dict:
     return obj
 
 
-async def read_json(response: aiohttp.ClientResponse, endpoint: Endpoint,
-                     result: RawResult) -> None:
+async def read_json(response: aiohttp.ClientResponse, endpoint,
+                     result) -> None:
     raw = await response.read()
     result.end_s = time.perf_counter()
     obj = _json_object(raw, "response")

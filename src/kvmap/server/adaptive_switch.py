@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvmap.server.adaptive import Signals
 from kvmap.kv.redact import redact_url_userinfo as redact
-
-if TYPE_CHECKING:
-    from kvmap.server.engine_loop import EngineLoop
 
 log = logging.getLogger("kvmap.server")
 
@@ -24,15 +20,16 @@ class SwitchEvent:
     signals: Signals
 
 
-def switch_if_asked(loop: EngineLoop, num_waiting: int, now_s: float) -> None:
-    """One controller decision; switches ``loop.active`` when the level moved."""
+def switch_if_asked(loop, num_waiting: int, now_s: float) -> None:
+    """One controller decision on ``loop`` (the ``EngineLoop``, engine thread); switches
+    ``loop.active`` when the level moved."""
     signals = Signals(kv_usage=loop.active.kv.pool.usage(), num_waiting=num_waiting,
                       p99_tbt_ms=loop.tbt_window.p99_ms(now_s))
     if loop.controller.decide(signals, now_s) is not None:
         _switch(loop, loop.controller.kv, signals, now_s)
 
 
-def _switch(loop: EngineLoop, kv: str, signals: Signals, now_s: float) -> None:
+def _switch(loop, kv: str, signals: Signals, now_s: float) -> None:
     controller = loop.controller
     try:
         level = controller.policy.levels[controller.level]

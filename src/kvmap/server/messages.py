@@ -1,22 +1,13 @@
-"""What crosses between the event loop and the engine thread.
+"""What the engine thread answers a request with (commands to it: ``commands``).
 
-Commands (event loop -> engine thread) are one frozen dataclass each, applied by the
-engine thread between steps. Answers (engine thread -> a request's queue) are a
+Answers (engine thread -> a request's queue) are a
 ``Delta`` per step, ``Accepted`` / ``Rejected`` for a submit, or an exception. The
 exceptions name what the HTTP layer answers: ``EngineDeadError`` and ``QueueFullError``
 503, ``RequestFailedError`` 500 (only that request failed), ``RequestTimeoutError`` 504.
 """
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from kvmap.request import SamplingParams
-
-if TYPE_CHECKING:
-    from kvmap.server.request_stream import RequestStream
 
 
 class EngineDeadError(RuntimeError):
@@ -60,28 +51,3 @@ class Rejected:
 
 
 ACCEPTED = Accepted()
-
-
-@dataclass(frozen=True)
-class AddRequest:
-    stream: RequestStream
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None
-    arrival_s: float
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class CallInEngine:
-    """Run ``fn(engine_loop)`` between steps; its result or exception settles ``future``."""
-
-    fn: Callable
-    future: asyncio.Future
-
-
-Command = AddRequest | AbortRequest | CallInEngine

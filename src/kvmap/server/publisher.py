@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvmap.engine.engine import Engine
 from kvmap.request import Request
 from kvmap.server.detokenize import IncrementalDetokenizer
-from kvmap.server.messages import ACCEPTED, AddRequest, Delta, EngineDeadError, Rejected
+from kvmap.server.commands import AddRequest
+from kvmap.server.messages import ACCEPTED, Delta, EngineDeadError, Rejected
 from kvmap.server.request_stream import RequestStream
-
-if TYPE_CHECKING:
-    from kvmap.server.engine_loop import EngineLoop
 
 log = logging.getLogger("kvmap.server")
 
@@ -31,7 +28,9 @@ class Tracked:
 
 
 class Publisher:
-    def __init__(self, loop: EngineLoop):
+    def __init__(self, loop):
+        """``loop``: the ``EngineLoop`` whose thread this runs on (it pushes to streams,
+        keeps the queue count and the TBT window)."""
         self.loop = loop
         self.metrics = loop.metrics
         self.tracked: dict[str, Tracked] = {}
