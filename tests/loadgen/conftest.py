@@ -14,6 +14,9 @@ allow a few ms of slack). ``mode`` picks a misbehaviour:
     bad_json       one event that is not JSON
     cut            a few chunks, then the connection closes without [DONE]
     stream_error   an {"error": ...} event inside the 200 stream
+    long_line      one SSE line over aiohttp's line limit (a 1 MiB ``data:`` line)
+    choices_dict   ``choices`` an object, not a list (streamed or not)
+    choices_int    ``choices`` a number
 
 ``server.requests`` lists the JSON bodies received.
 """
@@ -94,6 +97,9 @@ class FakeServer:
                                                 "param": None, "code": status}},
                                      status=status)
         n = int(body.get("max_tokens", 16))
+        if not body.get("stream") and self.mode.startswith("choices_"):
+            return web.json_response({"choices": {"0": {"text": "x"}} if self.mode ==
+                                      "choices_dict" else 5})
         if not body.get("stream"):
             await asyncio.sleep(self.ttft_s + self.itl_s * (n - 1))
             text = "".join(f"t{i} " for i in range(n))
@@ -131,6 +137,15 @@ class FakeServer:
             return
         if self.mode == "stream_error":
             await send({"error": {"message": "engine died", "code": 500}})
+            return
+        if self.mode == "long_line":
+            await send({"choices": [{"index": 0, "text": "x" * 2**20}]})
+            await send("[DONE]")
+            return
+        if self.mode.startswith("choices_"):
+            await send({"choices": {"0": {"text": "x"}} if self.mode == "choices_dict"
+                        else 5})
+            await send("[DONE]")
             return
         per_chunk = 2 if self.mode == "multi" else 1
         sent = 0

@@ -80,13 +80,20 @@ def test_non_streaming(fake_server):
 @pytest.mark.parametrize("mode, kind, status", [
     ("http_400", "http_4xx", 400), ("http_500", "http_5xx", 500),
     ("bad_json", "bad_stream", 200), ("stream_error", "stream_error", 200),
-    ("cut", "disconnected", 200)])
+    ("cut", "disconnected", 200), ("long_line", "bad_stream", 200),
+    ("choices_dict", "bad_stream", 200), ("choices_int", "bad_stream", 200)])
 def test_failure_kinds(fake_server, mode, kind, status):
     r = _send(fake_server(mode=mode, ttft_s=0, itl_s=0).url)
     assert r.error_kind == kind, (r.error_kind, r.error)
     assert r.http_status == status
     if mode.startswith("http"):
         assert f"fake {status}" in r.error
+
+
+@pytest.mark.parametrize("mode", ["choices_dict", "choices_int"])
+def test_non_list_choices_fail_a_non_streaming_request(fake_server, mode):
+    r = _send(fake_server(mode=mode, ttft_s=0, itl_s=0).url, stream=False)
+    assert r.error_kind == "bad_stream" and "choices" in r.error
 
 
 def test_hung_server_times_out(fake_server):

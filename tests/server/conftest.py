@@ -11,6 +11,7 @@ import asyncio
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -57,6 +58,24 @@ def start_server(**options) -> RunningServer:
     kwargs = {**TINY, **options}
     app, loop = build_server(kwargs.pop("model"), kwargs.pop("kv"), **kwargs)
     return RunningServer(app, loop)
+
+
+@contextmanager
+def held_engine(server: RunningServer, max_hold_s: float = 30.0):
+    """The engine thread is held in a ``call`` (nothing is scheduled) inside the block."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(loop):
+        entered.set()
+        gate.wait(max_hold_s)
+    blocker = threading.Thread(target=server.call, args=(hold,))
+    blocker.start()
+    try:
+        assert entered.wait(10)
+        yield
+    finally:
+        gate.set()
+        blocker.join()
 
 
 def metric(server: RunningServer, name: str, **labels) -> float | None:

@@ -12,8 +12,9 @@ import pytest
 
 from kvmap import SamplingParams
 from kvmap.model.byte_tokenizer import ByteTokenizer
+from kvmap.server.engine_faults import RestartBudget
 from tests.conftest import make_tiny_llm, random_prompts
-from tests.server.conftest import aborted_count, free_blocks, start_server
+from tests.server.conftest import aborted_count, free_blocks, held_engine, start_server
 
 PROMPTS = random_prompts([5, 17, 40], vocab=256, seed=3)
 
@@ -192,7 +193,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 1, "stream": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ("/v1/completions", {"prompt": "hi", "suffix": "x"}, 400, "suffix"),
     ("/v1/completions", {"prompt": "hi", "presence_penalty": 1}, 400, "presence_penalty"),
@@ -351,13 +354,6 @@ def test_queue_bound_gives_503():
     request waits (queue 1/1), the second is refused with 503, and once the engine runs
     again the first completes and new requests are accepted."""
     server = start_server(max_queue=1)
-    entered, gate = threading.Event(), threading.Event()
-
-    def hold(loop):
-        entered.set()
-        gate.wait(30)
-
-    blocker = threading.Thread(target=server.call, args=(hold,))
     results = {}
 
     def first():
@@ -366,33 +362,38 @@ def test_queue_bound_gives_503():
                                                                "max_tokens": 3})
     waiting = threading.Thread(target=first)
     try:
-        blocker.start()
-        assert entered.wait(10)
-        waiting.start()
-        deadline = time.monotonic() + 10
-        while server.loop._num_queued < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with server.client() as c:
-            err = assert_error(c.post("/v1/completions", json={"prompt": "hi",
-                                                               "max_tokens": 2}), 503)
-        assert "queue is full" in err["message"] and err["type"] == "ServiceUnavailableError"
-        gate.set()
+        with held_engine(server):
+            waiting.start()
+            deadline = time.monotonic() + 10
+            while server.loop._num_queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with server.client() as c:
+                err = assert_error(c.post("/v1/completions", json={"prompt": "hi",
+                                                                   "max_tokens": 2}), 503)
+            assert "queue is full" in err["message"] \
+                and err["type"] == "ServiceUnavailableError"
         waiting.join(30)
         assert results["first"].status_code == 200
         with server.client() as c:
             assert c.post("/v1/completions", json={"prompt": "hi",
                                                    "max_tokens": 2}).status_code == 200
     finally:
-        gate.set()
         server.close()
 
 
 def test_dead_engine_gives_503_on_health_and_requests():
+    """An internal fault with the restart budget spent (here: none allowed) leaves the
+    loop dead for good: 503 on the request in flight, on /health and on every request
+    after. (A fault within the budget restarts the engine: ``test_faults``.)"""
     server = start_server()
     try:
         def explode():
             raise RuntimeError("injected fault")
-        server.call(lambda loop: setattr(loop.active, "step", explode))
+
+        def inject(loop):
+            loop.restarts = RestartBudget(max_restarts=0)
+            loop.active.step = explode
+        server.call(inject)
         with server.client() as c:
             r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
             assert_error(r, 503)

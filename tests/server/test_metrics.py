@@ -172,3 +172,35 @@ def test_tier_metrics_with_a_host_tier():
         assert host_used(families)               # blocks really went to the host tier
     finally:
         server.close()
+
+
+def test_tier_percentiles_are_computed_at_scrape_time_not_per_tick(monkeypatch):
+    """The engine thread's 0.1 s tick reads tier counters only; the P99 read latency is
+    computed when /metrics is scraped (from the tier's own latency window)."""
+    from kvmap.kv.tiers import base
+    from tests.server.conftest import start_server
+    calls = []
+    original = base.TierStats.as_dict
+    monkeypatch.setattr(base.TierStats, "as_dict",
+                        lambda self: calls.append(1) or original(self))
+    server = start_server(kv="fp32 + tiers(host=1MiB)", num_blocks=24)
+    try:
+        with server.client() as c:
+            for seed in range(4):       # distinct prompts that overflow the pool: demotions
+                assert c.post("/v1/completions", json={
+                    "prompt": [(seed * 37 + i) % 250 for i in range(60)], "max_tokens": 4,
+                    "temperature": 0}).status_code == 200
+            assert c.post("/v1/completions", json={"prompt": list(range(60)),
+                                                   "max_tokens": 2}).status_code == 200
+            time.sleep(0.5)                                  # several ticks
+            assert calls == []
+            server.call(lambda loop: loop.active.store.levels[0].tier.stats
+                        .read_latencies_s.extend([0.5] * 1000))
+            time.sleep(0.3)
+            text = c.get("/metrics").text
+        assert calls == []
+        p99 = [line for line in text.splitlines()
+               if line.startswith("kvmap:kv_tier_read_p99_seconds") and 'tier="host"' in line]
+        assert p99 and float(p99[0].rsplit(" ", 1)[1]) == pytest.approx(0.5)
+    finally:
+        server.close()

@@ -28,6 +28,7 @@ from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
 from kvmap.engine.scheduler import Scheduler
+from kvmap.engine.stop_strings import stop_in_tail
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
 
@@ -208,14 +209,17 @@ class Engine:
             if register:
                 self.scheduler.register_full_blocks(req)
 
-    def score(self, token_ids: list[int], num_context_tokens: int | None = None
-              ) -> torch.Tensor:
+    def score(self, token_ids: list[int], num_context_tokens: int | None = None, *,
+              per_chunk=None) -> torch.Tensor:
         """Teacher-forced logits through the configured KV cache. The engine must be idle;
         the request is freed afterwards.
 
         Without ``num_context_tokens``: logits (T, V) fp32 at every position, computed in
         prefill chunks of the step budget (each chunk's attention reads its context back
         from the cache, quantized or not). No selection policy acts in this mode.
+        ``per_chunk``: applied to each chunk's logits (n, V) before they are joined, so a
+        caller that needs less than (T, V) (log-probabilities of given tokens, top-k)
+        never holds the whole matrix.
 
         With ``num_context_tokens = c``: the first c tokens are prefilled as a prompt
         (a selection policy compresses them), then the rest are fed one decode step at a
@@ -243,7 +247,8 @@ class Engine:
                 if not batch.items:
                     raise ValueError(f"{len(token_ids)} tokens do not fit the KV pool")
                 out = self.runner.run(batch.items)
-                chunks.append(self.model.logits(out.hidden))
+                logits = self.model.logits(out.hidden)
+                chunks.append(per_chunk(logits) if per_chunk is not None else logits)
                 self._advance(batch.items, register=False)
         finally:
             self._finish(req, RequestStatus.FINISHED_ABORTED)
@@ -259,8 +264,9 @@ class Engine:
             return self._finish(req, RequestStatus.FINISHED_STOPPED)
         if token in p.stop_token_ids:
             return self._finish(req, RequestStatus.FINISHED_STOPPED)
-        if p.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_token_ids)
+        if p.stop and self.tokenizer is not None \
+                and stop_in_tail(self.tokenizer, req.output_token_ids, p.stop):
+            text = self.tokenizer.decode(req.output_token_ids)   # once, to cut exactly
             hits = [text.find(s) for s in p.stop if s in text]
             if hits:
                 req.output_text = text[:min(hits)]

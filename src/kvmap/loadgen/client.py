@@ -21,7 +21,8 @@ Failures never raise; they land in ``result.error_kind``:
     http_4xx      the server refused the request (``http_status``, its error message)
     http_5xx      the server failed it
     stream_error  an ``{"error": ...}`` event inside a 200 stream (vLLM does this)
-    bad_stream    a body that is not SSE/JSON, or a stream cut without ``[DONE]`` or a
+    bad_stream    a body that is not SSE/JSON, an SSE line over aiohttp's line limit, a
+                  ``choices`` that is not a list, or a stream cut without ``[DONE]`` or a
                   finish reason
     disconnected  the connection dropped in the middle
     no_output     a clean response without a single content chunk

@@ -99,40 +99,57 @@ def loadgen(
                                  "record per cell as one JSON object."),
 ) -> None:
     """Measure an OpenAI-compatible server under load: TTFT, TBT, TPOT, E2E, goodput."""
+    options = dict(locals())                  # exactly the command's options, by name
+    endpoint, scenario_kw, tok = _prepare(options)
+    _execute(endpoint, model, scenario_kw, tok, out, as_json)
+
+
+def _prepare(o: dict) -> tuple:
+    """Validate the options before anything is sent (exit 2 on a bad one); -> the
+    endpoint, the scenario's fields and the prompt tokenizer."""
     from kvmap.metrics import parse_slo
     from kvmap.loadgen import prompts
     from kvmap.loadgen.client import Endpoint
     from kvmap.loadgen.scenario import LoadgenScenario
-    from kvmap.loadgen.summary import summary_table
-    from kvmap.loadgen.sweep import default_run_dir
-
-    err = Console(stderr=True)
+    trace, workload, api = o["trace"], o["workload"], o["api"]
     try:
         if trace is not None and workload is not None:
             raise ValueError("give --workload or --trace, not both")
-        spec = prompts.workload_spec(workload, str(trace) if trace else None, seed=seed,
-                                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-        levels = _levels(rate, concurrency, steps, burstiness, spec)
-        if not drain_timeout > 0:
-            raise ValueError(f"--drain-timeout={drain_timeout!r} must be > 0 seconds")
-        endpoint = Endpoint(url, model or "", api=api, stream=not no_stream,
-                            include_usage=not no_usage, ignore_eos=not no_ignore_eos,
-                            request_timeout_s=request_timeout,
+        spec = prompts.workload_spec(workload, str(trace) if trace else None, seed=o["seed"],
+                                     prompt_tokens=o["prompt_tokens"],
+                                     output_tokens=o["output_tokens"])
+        levels = _levels(o["rate"], o["concurrency"], o["steps"], o["burstiness"], spec)
+        if not o["drain_timeout"] > 0:
+            raise ValueError(f"--drain-timeout={o['drain_timeout']!r} must be > 0 seconds")
+        endpoint = Endpoint(o["url"], o["model"] or "", api=api, stream=not o["no_stream"],
+                            include_usage=not o["no_usage"],
+                            ignore_eos=not o["no_ignore_eos"],
+                            request_timeout_s=o["request_timeout"],
                             api_key=os.environ.get("OPENAI_API_KEY"))
         scenario_kw = dict(levels=levels, workload=None if trace else (workload or
                                                                         "throughput"),
                            trace=str(trace) if trace else None, api=api,
-                           stream=not no_stream, num_requests=num_requests,
-                           duration_s=duration, drain_timeout_s=drain_timeout,
-                           request_timeout_s=request_timeout, prompt_tokens=prompt_tokens,
-                           output_tokens=output_tokens, tokenizer=tokenizer,
-                           slo=parse_slo(slo) if slo else None, seed=seed, label=label,
-                           num_warmup=warmup)
-        LoadgenScenario(url=url, model=model or "?", **scenario_kw)   # validate early
-        tok = prompts.load_tokenizer(tokenizer)
+                           stream=not o["no_stream"], num_requests=o["num_requests"],
+                           duration_s=o["duration"], drain_timeout_s=o["drain_timeout"],
+                           request_timeout_s=o["request_timeout"],
+                           prompt_tokens=o["prompt_tokens"], output_tokens=o["output_tokens"],
+                           tokenizer=o["tokenizer"],
+                           slo=parse_slo(o["slo"]) if o["slo"] else None, seed=o["seed"],
+                           label=o["label"], num_warmup=o["warmup"])
+        LoadgenScenario(url=o["url"], model=o["model"] or "?", **scenario_kw)   # validate early
+        tok = prompts.load_tokenizer(o["tokenizer"])
         prompts.build(spec, tok, None)           # a workload that cannot be built: exit 2
     except ValueError as e:
         _fail(str(e))
+    return endpoint, scenario_kw, tok
+
+
+def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> None:
+    """Run the levels, print the per-cell lines and the summary; exit 1 if a cell failed."""
+    from kvmap.loadgen.summary import summary_table
+    from kvmap.loadgen.sweep import default_run_dir
+
+    err = Console(stderr=True)
     run_dir = out or default_run_dir()
 
     def on_cell(record: dict) -> None:

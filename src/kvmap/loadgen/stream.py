@@ -1,6 +1,8 @@
 """Reading an OpenAI-compatible response: SSE events, content chunks, usage, errors.
 
-Used by ``kvmap.loadgen.client.send_request``; fills a ``RawResult`` in place. See the
+Used by ``kvmap.loadgen.client.send_request``; fills its ``RawResult`` in place
+(``endpoint`` is its ``Endpoint``; only ``endpoint.api`` is read here, and neither is
+imported, so that the client can import this module without a cycle). See the
 client's docstring for what counts as a content chunk.
 """
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from kvmap.loadgen.endpoint import MAX_ERROR_CHARS, Endpoint, RawResult
 
@@ -27,12 +30,23 @@ def error_message(raw: bytes) -> str:
     return text.strip()[:MAX_ERROR_CHARS]
 
 
+def first_choice(obj: dict) -> dict | None:
+    """``obj["choices"][0]`` when it is an object; None when there are no choices.
+    ``BadStream`` when ``choices`` is not a list (the request fails, the run goes on)."""
+    choices = obj.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        raise BadStream(f"choices is a {type(choices).__name__}, not a list: "
+                        f"{json.dumps(choices)[:200]}")
+    return choices[0] if choices and isinstance(choices[0], dict) else None
+
+
 def chunk_text(obj: dict, api: str) -> str:
     """The generated text one stream (or response) object carries; "" when none."""
-    choices = obj.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
+    choice = first_choice(obj)
+    if choice is None:
         return ""
-    choice = choices[0]
     if api == "completions":
         return choice.get("text") or ""
     part = choice.get("delta") or choice.get("message") or {}
@@ -40,7 +54,7 @@ def chunk_text(obj: dict, api: str) -> str:
         if isinstance(part, dict) else ""
 
 
-def _take_meta(obj: dict, result: RawResult) -> None:
+def _take_meta(obj: dict, result) -> None:
     """Usage and finish reason, whichever object carries them (the last one wins)."""
     usage = obj.get("usage")
     if isinstance(usage, dict):
@@ -48,9 +62,9 @@ def _take_meta(obj: dict, result: RawResult) -> None:
             result.num_prompt_tokens = usage["prompt_tokens"]
         if isinstance(usage.get("completion_tokens"), int):
             result.num_output_tokens = usage["completion_tokens"]
-    choices = obj.get("choices") or []
-    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
-        result.finish_reason = str(choices[0]["finish_reason"])
+    choice = first_choice(obj)
+    if choice is not None and choice.get("finish_reason"):
+        result.finish_reason = str(choice["finish_reason"])
 
 
 class SSE:
@@ -76,8 +90,8 @@ class SSE:
         return data
 
 
-async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
-                       result: RawResult) -> None:
+async def read_stream(response: aiohttp.ClientResponse, endpoint,
+                       result) -> None:
     sse, done, pieces = SSE(), False, []
     finish_chunk_s = None
 
@@ -100,12 +114,16 @@ async def read_stream(response: aiohttp.ClientResponse, endpoint: Endpoint,
         if result.finish_reason is not None and finish_chunk_s is None:
             finish_chunk_s = now
 
-    async for line in response.content:
-        data = sse.feed(line)
-        if data is not None:
-            handle(data)
-        if done:
-            break
+    try:
+        async for line in response.content:
+            data = sse.feed(line)
+            if data is not None:
+                handle(data)
+            if done:
+                break
+    except (LineTooLong, ValueError) as e:     # ValueError: aiohttp before LineTooLong
+        raise BadStream(f"an SSE line is over the client's line limit "
+                        f"({type(e).__name__})") from None
     if not done:
         data = sse.flush()
         if data is not None:
@@ -130,8 +148,8 @@ def _json_object(raw: str | bytes, what: str) -> dict:
     return obj
 
 
-async def read_json(response: aiohttp.ClientResponse, endpoint: Endpoint,
-                     result: RawResult) -> None:
+async def read_json(response: aiohttp.ClientResponse, endpoint,
+                     result) -> None:
     raw = await response.read()
     result.end_s = time.perf_counter()
     obj = _json_object(raw, "response")

@@ -1,10 +1,20 @@
 """``kvmap serve``: the OpenAI-compatible server on uvicorn."""
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import replace
 from typing import Optional
 
 import typer
+
+from kvmap.kv.redact import redact_url_userinfo
+from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STOP_CHARS,
+                                 DEFAULT_MAX_STOP_STRINGS, DEFAULT_REQUEST_TIMEOUT_S,
+                                 ServerLimits)
+from kvmap.server.security import API_KEY_ENV, allowed_hosts_for, is_loopback
+
+log = logging.getLogger("kvmap.server")
 
 
 def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf16",
@@ -13,15 +23,22 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
                  max_num_batched_tokens: int = 512, max_queue: int | None = 256,
                  adaptive: str | None = None, served_model_name: str | None = None,
                  max_body_bytes: int | None = None, max_tokens_limit: int | None = None,
-                 device: str | None = None, seed: int = 0):
+                 device: str | None = None, seed: int = 0, host: str = "127.0.0.1",
+                 api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
+                 request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+                 max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS,
+                 max_stop_chars: int = DEFAULT_MAX_STOP_CHARS,
+                 max_prompt_chars: int | None = None):
     """Load the model and build the app (not started). Raises ValueError on bad options.
     With ``adaptive``, the policy's first level is the starting KV configuration and
-    ``kv`` is ignored."""
+    ``kv`` is ignored. ``host``: the address it will be bound to (a loopback bind checks
+    Host headers against loopback names and ``allowed_hosts``). ``api_key`` (else
+    ``$KVMAP_API_KEY``): required as a Bearer token on every route but /health."""
     import torch
 
     from kvmap.config import parse_size
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
-    from kvmap.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+    from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
     from kvmap.server.engines import ServerEngineConfig, check_kv_specs, make_engine_factory
     from kvmap.server.metrics import ServerMetrics
@@ -31,8 +48,12 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
     policy = AdaptivePolicy.load(adaptive) if adaptive else None
     if policy is not None:
         kv = policy.levels[0].kv
-    if max_tokens_limit is not None and max_tokens_limit < 1:
-        raise ValueError(f"max_tokens_limit={max_tokens_limit} must be >= 1")
+    limits = ServerLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                          max_tokens_limit=max_tokens_limit,
+                          max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
+                          max_prompt_chars=max_prompt_chars,
+                          request_timeout_s=request_timeout_s)
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
     config = ServerEngineConfig(model=model, dtype=dtype, kv_memory=kv_memory,
                                 num_blocks=num_blocks, block_size=block_size,
                                 max_num_seqs=max_num_seqs,
@@ -51,9 +72,13 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
         import time
         controller.last_switch_s = time.perf_counter()
     loop = EngineLoop(factory, kv, metrics, max_queue=max_queue, controller=controller,
-                      first_engine=first)
-    app = create_app(loop, name, max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                     max_tokens_limit=max_tokens_limit)
+                      first_engine=first, request_timeout_s=limits.request_timeout_s)
+    if api_key is None and not is_loopback(host):
+        log.warning("kvmap serve binds %s, which is not a loopback address, without an API "
+                    "key: anyone who can reach it can use it (set --api-key or $%s)",
+                    host, API_KEY_ENV)
+    app = create_app(loop, name, limits=limits, api_key=api_key,
+                     allowed_hosts=allowed_hosts_for(host, tuple(allowed_hosts)))
     return app, loop
 
 
@@ -76,7 +101,21 @@ def register(app: typer.Typer) -> None:
                                                                    "(default: the model id)"),
         max_tokens_limit: Optional[int] = typer.Option(None, help="Most tokens one request "
                                                                   "may ask for"),
-        max_body_bytes: int = typer.Option(4 * 2**20, help="Largest request body"),
+        max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, help="Largest request body"),
+        max_prompt_chars: Optional[int] = typer.Option(
+            None, help="Longest prompt in characters, refused before tokenizing "
+                       "(default: 32 x the model's context)"),
+        max_stop_strings: int = typer.Option(DEFAULT_MAX_STOP_STRINGS,
+                                             help="Most stop strings one request may give"),
+        max_stop_chars: int = typer.Option(DEFAULT_MAX_STOP_CHARS,
+                                           help="Longest stop string, in characters"),
+        request_timeout: float = typer.Option(DEFAULT_REQUEST_TIMEOUT_S,
+                                              help="Seconds a request may take; then 504"),
+        api_key: Optional[str] = typer.Option(None, help=f"Require 'Authorization: Bearer "
+                                                         f"KEY' (else ${API_KEY_ENV})"),
+        allowed_hosts: list[str] = typer.Option([], "--allowed-hosts",
+                                                help="Host header names a loopback server "
+                                                     "also answers ('*': any)"),
         log_level: str = typer.Option("warning", help="uvicorn log level"),
     ):
         """Serve the OpenAI-compatible API (completions, chat, metrics) on uvicorn."""
@@ -94,9 +133,12 @@ def register(app: typer.Typer) -> None:
                 model, kv, dtype=dtype, kv_memory=kv_memory, max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                 adaptive=adaptive, served_model_name=served_model_name,
-                max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit)
+                max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
+                host=host, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
+                request_timeout_s=request_timeout, max_stop_strings=max_stop_strings,
+                max_stop_chars=max_stop_chars, max_prompt_chars=max_prompt_chars)
         except (ValueError, FileNotFoundError) as e:
-            fail(str(e))
-        typer.echo(f"kvmap serve: {loop.active_kv} on http://{host}:{port} "
+            fail(redact_url_userinfo(str(e)))
+        typer.echo(f"kvmap serve: {redact_url_userinfo(loop.active_kv)} on http://{host}:{port} "
                    f"(model {loop.active.model_id})", err=True)
         uvicorn.run(server_app, host=host, port=port, log_level=log_level)

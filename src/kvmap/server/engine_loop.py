@@ -4,27 +4,30 @@ own asyncio queue.
 Threads. The event loop (uvicorn) parses requests and writes responses; one engine thread
 owns every ``Engine`` and is the only thread that touches them. The two meet in
 
-- an inbox (a list under a condition variable): ``add``, ``abort`` and ``call``
-  commands, applied by the engine thread between steps;
-- per-request ``asyncio.Queue``s, fed from the engine thread with
-  ``loop.call_soon_threadsafe(queue.put_nowait, item)``.
+- an inbox (a list under a condition variable) of ``commands`` --
+  ``AddRequest``, ``AbortRequest``, ``CallInEngine`` -- applied between steps;
+- per-request ``RequestStream`` queues, fed from the engine thread with
+  ``loop.call_soon_threadsafe(queue.put_nowait, item)`` and read with a deadline.
 
 Lifecycle of a request: ``submit`` counts it as queued (503 when ``max_queue`` requests
-already wait) and posts ``add``; the engine thread calls ``Engine.add_request`` and
-answers ``accepted`` or ``rejected`` (a ``ValueError`` -> 400), so a bad request never
-reaches a step. Each step, every request that got tokens is sent one ``Delta`` (token ids
-+ text from its ``IncrementalDetokenizer``); the last ``Delta`` has a ``finish_reason``.
-``abort`` (client gone) frees the request's blocks at the next loop turn.
+already wait) and posts ``AddRequest``; the engine thread calls ``Engine.add_request``
+and answers ``Accepted`` or ``Rejected`` (a ``ValueError`` -> 400), so a bad request
+never reaches a step. Each step, every request that got tokens is sent one ``Delta``
+(token ids + text from its ``IncrementalDetokenizer``); the last ``Delta`` has a
+``finish_reason``. ``abort`` (client gone, deadline passed) frees the request's blocks
+at the next loop turn.
+
+Faults (``engine_faults``): a step that raises in the forward pass fails the requests it
+is pinned on (aborted, blocks freed, the pool checked) and the rest go on; any other
+fault rebuilds the engine over the same weights (``kvmap:engine_restarts``), failing the
+requests that were on it with a 503 to retry. When faults keep coming the loop gives up:
+``alive`` is False, ``/health`` answers 503, and nothing submitted afterwards can hang
+(``_closed`` is set under the inbox lock before the inbox is drained).
 
 Adaptive mode: with an ``AdaptiveController``, every ``interval_s`` the thread measures
-the signals and may switch the active KV configuration. A switch builds a new engine over
-the same weights (``Engine(..., model=shared)``); new requests go to it, the old engine
-keeps stepping until its requests finish, then it is closed and dropped (its pool freed).
-While an old engine drains no further switch happens, so at most two KV pools exist:
-total KV memory <= 2 x ``--kv-memory``.
-
-If a step raises, the engine is in an unknown state: the loop stops, every waiting
-request gets ``EngineDeadError`` and ``alive`` is False (/health answers 503).
+the signals and may switch the active KV configuration (``adaptive_switch``): new
+requests go to the new engine, the old one drains and is closed, so total KV memory <=
+2 x ``--kv-memory``.
 """
 from __future__ import annotations
 
@@ -33,121 +36,66 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvmap.engine.engine import Engine
-from kvmap.request import Request, SamplingParams
-from kvmap.server.adaptive import AdaptiveController, LatencyWindow, Signals
-from kvmap.server.detokenize import IncrementalDetokenizer
+from kvmap.request import SamplingParams
+from kvmap.server.adaptive import AdaptiveController, LatencyWindow
+from kvmap.server.adaptive_switch import SwitchEvent, switch_if_asked
+from kvmap.server.engine_faults import BatchRecorder, RestartBudget, StepFault, classify
+from kvmap.server.commands import AbortRequest, AddRequest, CallInEngine, Command
+from kvmap.server.messages import (EngineDeadError, QueueFullError, Rejected,
+                                   RequestFailedError, RequestTimeoutError)
 from kvmap.server.metrics import ServerMetrics
+from kvmap.server.publisher import Publisher
+from kvmap.kv.redact import redact_url_userinfo as redact
+from kvmap.server.request_stream import RequestStream
 
 log = logging.getLogger("kvmap.server")
 
 EngineFactory = Callable[..., Engine]   # (KV spec, **scheduler limits) -> a new engine over
                                         # the shared weights
+DEFAULT_CALL_TIMEOUT_S = 60.0
 
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class QueueFullError(RuntimeError):
-    pass
-
-
-@dataclass
-class Delta:
-    """New output of one request since the previous ``Delta``."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0          # all output tokens so far
-
-
-@dataclass
-class _Rejected:
-    error: Exception
-
-
-_ACCEPTED = object()
-
-
-class RequestStream:
-    """The event-loop side of one request: ``await stream.next()`` -> ``Delta``."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
-        self.request_id = request_id
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.finished = False
-
-    async def next(self) -> Delta:
-        item = await self.queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if item.finish_reason is not None:
-            self.finished = True
-        return item
-
-
-@dataclass
-class _Tracked:
-    stream: RequestStream
-    engine: Engine
-    req: Request
-    detok: IncrementalDetokenizer
-    num_seen_times: int = 0        # token timestamps already observed in the metrics
-    num_sent_ids: int = 0          # output token ids already sent
-
-
-@dataclass
-class SwitchEvent:
-    time_s: float
-    from_kv: str
-    to_kv: str
-    signals: Signals
-
-
-@dataclass
-class _Command:
-    kind: str                       # "add" | "abort" | "call"
-    stream: RequestStream | None = None
-    args: tuple = ()
-    future: asyncio.Future | None = None
-    fn: Callable | None = None
+__all__ = ["EngineLoop", "EngineDeadError", "QueueFullError", "RequestFailedError",
+           "RequestTimeoutError", "RequestStream", "SwitchEvent"]
 
 
 class EngineLoop:
     def __init__(self, factory: EngineFactory, kv: str, metrics: ServerMetrics, *,
                  max_queue: int | None = None, controller: AdaptiveController | None = None,
-                 tick_s: float = 0.1, first_engine: Engine | None = None):
+                 tick_s: float = 0.1, first_engine: Engine | None = None,
+                 request_timeout_s: float | None = None):
         if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 1):
             raise ValueError(f"max_queue={max_queue!r} must be a positive integer (or None)")
+        if request_timeout_s is not None and not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s={request_timeout_s!r} must be > 0 (or None)")
         self.factory = factory
         self.metrics = metrics
         self.max_queue = max_queue
+        self.request_timeout_s = request_timeout_s
         self.controller = controller
         self.tick_s = min(tick_s, controller.policy.interval_s) if controller else tick_s
-        self.active = first_engine or factory(kv)
         self.active_kv = kv
         self.draining: list[Engine] = []
+        self._recorders: dict[int, BatchRecorder] = {}
+        self.active = self._watch(first_engine or factory(kv))
         self.tokenizer = self.active.tokenizer
         self.model_config = self.active.model_config
         self.tbt_window = LatencyWindow(controller.policy.window_s if controller else 10.0)
         self.switches: list[SwitchEvent] = []
+        self.restarts = RestartBudget()
+        self.num_restarts = 0
         self.error: BaseException | None = None
-        self._tracked: dict[str, _Tracked] = {}
-        self._queued: set[str] = set()       # accepted, not yet scheduled once
-        self._num_queued = 0                 # the same plus those still in the inbox
+        self.scorer: tuple[str, Engine] | None = None   # (KV spec, engine): ``logprobs``
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._inbox: list[_Command] = []
+        self._num_queued = 0                 # accepted, not yet scheduled (inbox included)
+        self.publisher = Publisher(self)
+        self._inbox: list[Command] = []
         self._stopping = False
+        self._closed = False                 # no command will be read any more
         self._thread: threading.Thread | None = None
-        metrics.set_active_config(kv)
+        metrics.set_active_config(redact(kv))
 
     # ---- event-loop side ------------------------------------------------------------------
     @property
@@ -171,71 +119,66 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def _post(self, command: Command) -> None:
+        """Under ``_cv``: queue a command, or raise if the engine thread will never read it."""
+        if self._closed or not self.alive:
+            raise EngineDeadError(f"the engine is not running ({self.error!r})"
+                                  if self.error else "the engine is not running")
+        self._inbox.append(command)
+        self._cv.notify()
+
     async def submit(self, request_id: str, prompt_token_ids: list[int],
                      params: SamplingParams, prompt: str | None,
                      arrival_s: float) -> RequestStream:
-        """Queue a request; returns once the engine thread accepted it.
+        """Queue a request; returns once the engine thread accepted it. The stream's
+        deadline is ``request_timeout_s`` from now.
 
-        Raises EngineDeadError, QueueFullError, or ValueError (the engine refused it)."""
-        if not self.alive:
-            raise EngineDeadError(f"the engine is not running ({self.error!r})"
-                                  if self.error else "the engine is not running")
+        Raises EngineDeadError, QueueFullError, RequestTimeoutError, or the engine's
+        refusal (ValueError; RequestFailedError)."""
+        deadline_s = (time.monotonic() + self.request_timeout_s
+                      if self.request_timeout_s is not None else None)
+        stream = RequestStream(request_id, asyncio.get_running_loop(), deadline_s)
         with self._cv:
             if self.max_queue is not None and self._num_queued >= self.max_queue:
                 raise QueueFullError(f"the queue is full ({self._num_queued} requests "
                                      f"waiting, --max-queue {self.max_queue}); retry later")
+            self._post(AddRequest(stream, prompt_token_ids, params, prompt, arrival_s))
             self._num_queued += 1
-            stream = RequestStream(request_id, asyncio.get_running_loop())
-            self._inbox.append(_Command("add", stream,
-                                        (prompt_token_ids, params, prompt, arrival_s)))
-            self._cv.notify()
         try:
-            first = await stream.queue.get()
-        except asyncio.CancelledError:
+            first = await stream.get()
+        except (asyncio.CancelledError, RequestTimeoutError):
             self.abort(request_id)
             raise
         if isinstance(first, BaseException):
             raise first
-        if isinstance(first, _Rejected):
+        if isinstance(first, Rejected):
             raise first.error
         return stream
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request's blocks are freed at the next loop turn."""
         with self._cv:
-            self._inbox.append(_Command("abort", args=(request_id,)))
-            self._cv.notify()
+            if not self._closed:
+                self._inbox.append(AbortRequest(request_id))
+                self._cv.notify()
 
-    async def call(self, fn: Callable[[EngineLoop], object]):
+    async def call(self, fn: Callable[[EngineLoop], object],
+                   timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
         """Run ``fn(self)`` in the engine thread between steps; returns its result."""
-        if not self.alive:
-            raise EngineDeadError("the engine is not running")
         future = asyncio.get_running_loop().create_future()
         with self._cv:
-            self._inbox.append(_Command("call", future=future, fn=fn))
-            self._cv.notify()
-        return await future
+            self._post(CallInEngine(fn, future))
+        return await asyncio.wait_for(future, timeout_s)
 
     # ---- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
             self._main()
         except BaseException as e:      # noqa: BLE001 -- the loop must report any fault
-            log.exception("engine loop died; requests in flight: %s",
-                          [(t.req.request_id, t.req.num_prompt_tokens, t.req.params)
-                           for t in self._tracked.values()])
+            log.exception("engine loop gave up; requests in flight: %s",
+                          self.publisher.describe_tracked())
             self.error = e
-            dead = EngineDeadError(f"the engine failed: {type(e).__name__}: {e}")
-            with self._cv:
-                inbox, self._inbox = self._inbox, []
-            for cmd in inbox:
-                if cmd.stream is not None:
-                    self._push(cmd.stream, dead)
-                if cmd.future is not None:
-                    self._resolve(cmd.future, error=dead)
-            for t in list(self._tracked.values()):
-                self._push(t.stream, dead)
-            self._tracked.clear()
+            self._drain(EngineDeadError(f"the engine failed: {type(e).__name__}: {e}"))
         finally:
             self._shutdown()
 
@@ -250,10 +193,8 @@ class EngineLoop:
                 commands, self._inbox = self._inbox, []
             for cmd in commands:
                 self._apply(cmd)
-            for engine in self.engines:
-                if engine.has_unfinished():
-                    self._publish(engine.step())
-            self._update_queued()
+            self._step_engines()
+            self.publisher.update_queued()
             self._retire_drained()
             now_s = time.perf_counter()
             if now_s >= next_tick_s:
@@ -263,7 +204,83 @@ class EngineLoop:
     def _busy(self) -> bool:
         return any(e.has_unfinished() for e in self.engines)
 
-    def _push(self, stream: RequestStream, item) -> None:
+    def _watch(self, engine: Engine) -> Engine:
+        self._recorders[id(engine)] = BatchRecorder(engine)
+        return engine
+
+    def _step_engines(self) -> None:
+        for engine in self.engines:
+            if not engine.has_unfinished():
+                continue
+            recorder = self._recorders[id(engine)]
+            recorder.clear()
+            try:
+                touched = engine.step()
+            except Exception as e:      # noqa: BLE001 -- a fault fails requests, not the server
+                self._on_fault(engine, classify(engine, e, recorder))
+                return                  # the engine list may have changed
+            self.publisher.publish(touched)
+
+    def _on_fault(self, engine: Engine, fault: StepFault) -> None:
+        error = fault.error
+        if fault.request_ids is not None:
+            log.warning("a step failed for requests %s: %s: %s", list(fault.request_ids),
+                        type(error).__name__, error, exc_info=error)
+            for rid in fault.request_ids:
+                self.publisher.fail(engine, rid, RequestFailedError(
+                    f"the request failed in the engine: {type(error).__name__}: {error}"))
+            try:
+                engine.check_integrity()
+                return
+            except Exception as e:      # noqa: BLE001 -- the engine itself is damaged
+                error = e
+        self._restart(engine, error)
+
+    def _restart(self, engine: Engine, error: BaseException) -> None:
+        """Rebuild ``engine`` over the same weights; its requests fail with a 503."""
+        log.error("internal engine fault, restarting the engine: %s: %s",
+                  type(error).__name__, error, exc_info=error)
+        if not self.restarts.allow():
+            raise EngineDeadError(f"the engine keeps failing ({self.restarts.max_restarts} "
+                                  f"restarts within {self.restarts.window_s:.0f} s); last "
+                                  f"fault: {type(error).__name__}: {error}") from error
+        self.num_restarts += 1
+        self.metrics.engine_restarts.inc()
+        self.publisher.fail_engine(engine, EngineDeadError(
+            f"the engine restarted after an internal fault ({type(error).__name__}: "
+            f"{error}); retry the request"))
+        self._close_engine(engine)
+        if engine is self.active:
+            overrides = (self.controller.policy.levels[self.controller.level]
+                         .scheduler_overrides() if self.controller is not None else {})
+            self.active = self._watch(self.factory(self.active_kv, **overrides))
+        else:
+            self.draining.remove(engine)
+
+    def _close_engine(self, engine: Engine) -> None:
+        self._recorders.pop(id(engine), None)
+        self.metrics.forget_engine(id(engine))
+        try:
+            engine.close()
+        except Exception:       # noqa: BLE001 -- it is being replaced anyway
+            log.exception("closing an engine failed")
+
+    def _apply(self, cmd: Command) -> None:
+        if isinstance(cmd, AddRequest):
+            self.publisher.add(self.active, cmd)
+        elif isinstance(cmd, AbortRequest):
+            self.publisher.abort(cmd.request_id)
+        elif isinstance(cmd, CallInEngine):
+            try:
+                self._resolve(cmd.future, result=cmd.fn(self))
+            except Exception as e:   # noqa: BLE001 -- handed back to the caller
+                self._resolve(cmd.future, error=e)
+
+    def release_queued(self, num: int = 1) -> None:
+        with self._cv:
+            self._num_queued -= num
+
+    def push(self, stream: RequestStream, item) -> None:
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
         except RuntimeError:         # its event loop is closed: nobody is listening
@@ -278,144 +295,43 @@ class EngineLoop:
         except RuntimeError:
             pass
 
-    def _apply(self, cmd: _Command) -> None:
-        if cmd.kind == "add":
-            self._add(cmd.stream, *cmd.args)
-        elif cmd.kind == "abort":
-            t = self._tracked.get(cmd.args[0])
-            if t is not None and t.engine.abort(t.req.request_id):
-                self._finish(t)
-        elif cmd.kind == "call":
-            try:
-                self._resolve(cmd.future, result=cmd.fn(self))
-            except Exception as e:   # noqa: BLE001 -- handed back to the caller
-                self._resolve(cmd.future, error=e)
-
-    def _add(self, stream: RequestStream, ids: list[int], params: SamplingParams,
-             prompt: str | None, arrival_s: float) -> None:
-        engine = self.active
-        try:
-            req = engine.add_request(ids, params, request_id=stream.request_id, prompt=prompt,
-                                     arrival_s=arrival_s)
-        except ValueError as e:
-            with self._cv:
-                self._num_queued -= 1
-            self._push(stream, _Rejected(e))
-            return
-        self._tracked[req.request_id] = _Tracked(stream, engine, req,
-                                                 IncrementalDetokenizer(engine.tokenizer,
-                                                                        params.stop))
-        self._queued.add(req.request_id)
-        self._push(stream, _ACCEPTED)
-
-    def _publish(self, touched: list[Request]) -> None:
-        for req in touched:
-            t = self._tracked.get(req.request_id)
-            if t is None:
-                continue
-            self._observe_tokens(t)
-            if req.status.finished:
-                self._finish(t)
-                continue
-            out_ids = req.output_token_ids
-            new_ids = out_ids[t.num_sent_ids:]
-            text = t.detok.update(out_ids)
-            if new_ids or text:
-                t.num_sent_ids = len(out_ids)
-                self._push(t.stream, Delta(text, new_ids, None, req.num_prompt_tokens,
-                                           len(out_ids)))
-
-    def _observe_tokens(self, t: _Tracked) -> None:
-        times = t.req.metrics.token_times_s
-        if len(times) <= t.num_seen_times:
-            return
-        start = t.num_seen_times
-        ttft_s = times[0] - t.req.metrics.arrival_s if start == 0 else None
-        itls = [times[k] - times[k - 1] for k in range(max(1, start), len(times))]
-        for k, itl in zip(range(max(1, start), len(times)), itls):
-            self.tbt_window.add(times[k], itl)
-        self.metrics.observe_tokens(len(times) - start, itls, ttft_s,
-                                    t.req.num_prompt_tokens)
-        t.num_seen_times = len(times)
-
-    def _finish(self, t: _Tracked) -> None:
-        rid = t.req.request_id
-        out = t.engine.pop_finished(rid)
-        text = t.detok.finish(out.text)
-        self._tracked.pop(rid, None)
-        self._dequeue(rid)
-        self.metrics.observe_finished(out.metrics, out.finish_reason, t.req.params.max_tokens)
-        self._push(t.stream, Delta(text, out.token_ids[t.num_sent_ids:], out.finish_reason,
-                                   len(out.prompt_token_ids), len(out.token_ids)))
-
-    def _dequeue(self, request_id: str) -> None:
-        if request_id in self._queued:
-            self._queued.discard(request_id)
-            with self._cv:
-                self._num_queued -= 1
-
-    def _update_queued(self) -> None:
-        for rid in [r for r in self._queued
-                    if self._tracked[r].req.metrics.first_scheduled_s is not None]:
-            self._dequeue(rid)
-
     def _retire_drained(self) -> None:
         for engine in list(self.draining):
-            if not engine.has_unfinished() and not any(t.engine is engine
-                                                       for t in self._tracked.values()):
-                engine.close()
+            if not engine.has_unfinished() and not self.publisher.has_requests_on(engine):
+                self._close_engine(engine)
                 self.draining.remove(engine)
-                self.metrics.forget_engine(id(engine))
 
     def _num_waiting(self) -> int:
         """Requests not running: in the inbox or in an engine's waiting queue."""
         with self._cv:
-            pending = sum(1 for c in self._inbox if c.kind == "add")
+            pending = sum(1 for c in self._inbox if isinstance(c, AddRequest))
         return pending + sum(len(e.scheduler.waiting) for e in self.engines)
 
     def _tick(self, now_s: float) -> None:
         num_waiting = self._num_waiting()
-        if self.controller is not None and not self.draining:
-            signals = Signals(kv_usage=self.active.kv.pool.usage(), num_waiting=num_waiting,
-                              p99_tbt_ms=self.tbt_window.p99_ms(now_s))
-            level = self.controller.decide(signals, now_s)
-            if level is not None:
-                self._switch(self.controller.kv, signals, now_s)
-        self.metrics.update_engine_state(self.engines, num_waiting)
-
-    def _switch(self, kv: str, signals: Signals, now_s: float) -> None:
         try:
-            level = self.controller.policy.levels[self.controller.level]
-            engine = self.factory(kv, **level.scheduler_overrides())
-        except Exception:       # noqa: BLE001 -- keep serving with the current engine
-            log.exception("adaptive switch to %r failed; staying on %r", kv, self.active_kv)
-            self.controller.level = self.controller.policy.levels.index(
-                next(lv for lv in self.controller.policy.levels if lv.kv == self.active_kv))
-            return
-        old_kv = self.active_kv
-        self.draining.append(self.active)
-        self.active, self.active_kv = engine, kv
-        self.switches.append(SwitchEvent(now_s, old_kv, kv, signals))
-        self.metrics.switches.inc()
-        self.metrics.set_active_config(kv)
-        log.info("adaptive switch %s -> %s (%s)", old_kv, kv, signals)
+            if self.controller is not None and not self.draining:
+                switch_if_asked(self, num_waiting, now_s)
+            self.metrics.update_engine_state(self.engines, num_waiting)
+        except Exception:       # noqa: BLE001 -- reporting must not take the engine down
+            log.exception("the periodic metrics/adaptive tick failed")
 
-    def _shutdown(self) -> None:
-        for t in list(self._tracked.values()):
-            try:
-                if t.engine.abort(t.req.request_id):
-                    self._finish(t)
-            except Exception:       # noqa: BLE001 -- best effort on the way out
-                self._push(t.stream, EngineDeadError("the server is shutting down"))
-        self._tracked.clear()
+    def _drain(self, error: EngineDeadError) -> None:
+        """Close the inbox and answer everything waiting on it, and every tracked request."""
         with self._cv:
+            self._closed = True
             inbox, self._inbox = self._inbox, []
         for cmd in inbox:
-            if cmd.stream is not None:
-                self._push(cmd.stream, EngineDeadError("the server is shutting down"))
-            if cmd.future is not None:
-                self._resolve(cmd.future, error=EngineDeadError("the server is shutting down"))
-        for engine in self.engines:
+            if isinstance(cmd, AddRequest):
+                self.push(cmd.stream, error)
+            elif isinstance(cmd, CallInEngine):
+                self._resolve(cmd.future, error=error)
+        self.publisher.fail_all(error)
+
+    def _shutdown(self) -> None:
+        self.publisher.abort_all()
+        self._drain(EngineDeadError("the server is shutting down"))
+        for engine in self.engines + ([self.scorer[1]] if self.scorer else []):
             try:
                 engine.close()
             except Exception:       # noqa: BLE001

@@ -1,9 +1,11 @@
 """The error body ``{"error": {"message", "type", "param", "code"}}`` and its statuses.
 
 As in vLLM's OpenAI server: ``type`` names the HTTP error class, ``code`` is the status.
-400 every invalid request (schema errors too -- FastAPI's 422 is overridden), 404 an
-unknown model, 413 a body over the size limit, 503 a full queue or a dead engine, 500
-only a real internal fault.
+400 every invalid request (schema errors too -- FastAPI's 422 is overridden), 401 a
+missing or wrong API key, 403 a Host header a loopback server does not answer (DNS
+rebinding), 404 an unknown model, 413 a body over the size limit, 503 a full queue or a
+dead or restarting engine, 504 a request past the server's request timeout, 500 only a
+real internal fault (one request's, when a fault was pinned on it).
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestEntityTooLarge",
-          500: "InternalServerError", 503: "ServiceUnavailableError"}
+from kvmap.server.protocol import ErrorResponse
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+          404: "NotFoundError", 413: "RequestEntityTooLarge", 500: "InternalServerError",
+          503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 
 class APIError(Exception):
@@ -66,3 +71,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     if len(fields) > 1:
         message += f"; {len(fields) - 1} more fields are invalid"
     return message, param
+
+
+# the error statuses documented on every route that takes a body (the fuzz test reads them)
+ERROR_RESPONSES = {status: {"model": ErrorResponse}
+                   for status in (400, 401, 403, 404, 413, 500, 503, 504)}

@@ -19,6 +19,9 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvmap.metrics import percentile
+from kvmap.server.engine_state import engine_state, tier_windows
+
 # vLLM v1 (vllm/v1/metrics/loggers.py) bucket boundaries, seconds
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -62,6 +65,36 @@ class _ProcessCollector:
                                 value=threads)
 
 
+class _TierPercentileCollector:
+    """kvmap:kv_tier_read_p99_seconds, computed when scraped from the windows the last
+    tick handed over (``windows``: tier -> the latency deques of every live engine)."""
+
+    def __init__(self, labels: tuple[str, str]):
+        self.labels = labels
+        self.windows: dict[str, list] = {}
+
+    def collect(self):
+        family = GaugeMetricFamily("kvmap:kv_tier_read_p99_seconds",
+                                   "P99 block read latency of a tier (recent reads).",
+                                   labels=[*LABELS, "tier"])
+        for tier, deques in sorted(self.windows.items()):
+            p99s = [percentile(_snapshot(d), 99) for d in deques]
+            finite = [p for p in p99s if p is not None and p == p]
+            family.add_metric([*self.labels, tier], max(finite, default=0.0))
+        yield family
+
+
+def _snapshot(window) -> list[float]:
+    """A copy of a deque another thread appends to (``list(deque)`` copies in C under the
+    GIL; the retry is for interpreters where it would not)."""
+    for _ in range(3):
+        try:
+            return list(window)
+        except RuntimeError:
+            continue
+    return []
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int):
         self.registry = r = CollectorRegistry()
@@ -77,7 +110,15 @@ class ServerMetrics:
         def histogram(name, doc, buckets):
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*lv)
 
-        # ---- vLLM names ------------------------------------------------------------------
+        self._add_vllm_metrics(counter, gauge, histogram, max_model_len)
+        self._add_kvmap_metrics(counter, gauge)
+        r.register(_ProcessCollector())
+        self._seen: dict[tuple[int, str], float] = {}   # (engine id, counter) -> last value
+        self._configs: set[str] = set()
+
+    def _add_vllm_metrics(self, counter, gauge, histogram, max_model_len: int) -> None:
+        """vLLM v1's names, help texts and buckets."""
+        lv = self.labels
         self.num_running = gauge("vllm:num_requests_running",
                                  "Number of requests in model execution batches.").labels(*lv)
         self.num_waiting = gauge("vllm:num_requests_waiting",
@@ -131,7 +172,10 @@ class ServerMetrics:
         self.decode_time = histogram("vllm:request_decode_time_seconds",
                                      "Histogram of time spent in DECODE phase for request.",
                                      REQUEST_LATENCY_BUCKETS_S)
-        # ---- kvmap extras ----------------------------------------------------------------
+
+    def _add_kvmap_metrics(self, counter, gauge) -> None:
+        """What vLLM lacks: tiers, evictions, the KV configuration, faults."""
+        lv, r = self.labels, self.registry
         self.aborted = counter("kvmap:request_aborted",
                                "Requests aborted before finishing (client disconnect, "
                                "server shutdown).").labels(*lv)
@@ -149,9 +193,8 @@ class ServerMetrics:
                                    ("tier",))
         self.tier_io = counter("kvmap:kv_tier_io_seconds",
                                "Wall seconds spent reading and writing a tier.", ("tier",))
-        self.tier_read_p99 = gauge("kvmap:kv_tier_read_p99_seconds",
-                                   "P99 block read latency of a tier (recent reads).",
-                                   ("tier",))
+        self.tier_read_p99 = _TierPercentileCollector(self.labels)
+        r.register(self.tier_read_p99)
         self.evicted_tokens = counter("kvmap:kv_evicted_tokens",
                                       "Tokens dropped from the KV cache by a selection "
                                       "policy.").labels(*lv)
@@ -162,9 +205,14 @@ class ServerMetrics:
                                 "Adaptive KV configuration switches.").labels(*lv)
         self.engines = gauge("kvmap:engines", "Engines alive (active + draining after an "
                              "adaptive switch).").labels(*lv)
-        r.register(_ProcessCollector())
-        self._seen: dict[tuple[int, str], float] = {}   # (engine id, counter) -> last value
-        self._configs: set[str] = set()
+        self.failed = counter("kvmap:request_failed",
+                              "Requests failed by a fault pinned on them in the engine "
+                              "(the server went on).").labels(*lv)
+        self.timeouts = counter("kvmap:request_timeouts",
+                                "Requests aborted at the server's request timeout.").labels(*lv)
+        self.engine_restarts = counter("kvmap:engine_restarts",
+                                       "Engines rebuilt over the same weights after an "
+                                       "internal fault.").labels(*lv)
 
     # ---- engine thread ------------------------------------------------------------------
     def set_active_config(self, spec: str) -> None:
@@ -183,48 +231,50 @@ class ServerMetrics:
         self._seen = {k: v for k, v in self._seen.items() if k[0] != engine_id}
 
     def update_engine_state(self, engines: list, num_waiting: int) -> None:
-        """``engines``: every live ``Engine``; reads their ``kv_usage()`` (engine thread
-        only). ``num_waiting``: requests not yet scheduled, queue included."""
+        """``engines``: every live ``Engine``; reads their counters (``engine_state``,
+        engine thread only) and hands the tier latency windows to the scrape-time
+        percentile collector. ``num_waiting``: requests not yet scheduled, queue
+        included."""
         running = resident = capacity = 0
         usage_of_active = 0.0
-        tiers: dict[str, dict] = {}
+        tiers: dict[str, list[int]] = {}
+        windows: dict[str, list] = {}
         for i, engine in enumerate(engines):
-            u = engine.kv_usage()
+            u = engine_state(engine)
             eid = id(engine)
-            running += u["num_running"]
-            resident += u["resident_bytes"]
-            capacity += u["capacity_bytes"]
+            running += u.num_running
+            resident += u.resident_bytes
+            capacity += u.capacity_bytes
             if i == 0:
-                usage_of_active = u["usage"]
+                usage_of_active = u.usage
             block = engine.kv.block_size
-            self._advance(eid, "preemptions", u["num_preemptions"], self.preemptions)
-            self._advance(eid, "prefix_queries", u["prefix_cache_queries"] * block,
+            self._advance(eid, "preemptions", u.num_preemptions, self.preemptions)
+            self._advance(eid, "prefix_queries", u.prefix_cache_queries * block,
                           self.prefix_queries)
-            self._advance(eid, "prefix_hits", u["prefix_cache_hits"] * block, self.prefix_hits)
-            self._advance(eid, "evicted", u.get("num_evicted_tokens", 0), self.evicted_tokens)
-            for tier, t in u.get("tiers", {}).items():
-                agg = tiers.setdefault(tier, {"resident_bytes": 0, "capacity_bytes": 0,
-                                              "read_p99_s": 0.0})
-                agg["resident_bytes"] += t.get("resident_bytes", 0)
-                agg["capacity_bytes"] += t.get("capacity_bytes", 0)
-                agg["read_p99_s"] = max(agg["read_p99_s"], t.get("read_p99_s") or 0.0)
+            self._advance(eid, "prefix_hits", u.prefix_cache_hits * block, self.prefix_hits)
+            self._advance(eid, "evicted", u.num_evicted_tokens, self.evicted_tokens)
+            for tier, t in u.tiers.items():
+                agg = tiers.setdefault(tier, [0, 0])
+                agg[0] += t.resident_bytes
+                agg[1] += t.capacity_bytes
                 lv = (*self.labels, tier)
-                self._advance(eid, f"{tier}.hits", t.get("num_hits", 0),
-                              self.tier_hits.labels(*lv))
-                self._advance(eid, f"{tier}.misses", t.get("num_misses", 0),
+                self._advance(eid, f"{tier}.hits", t.num_hits, self.tier_hits.labels(*lv))
+                self._advance(eid, f"{tier}.misses", t.num_misses,
                               self.tier_misses.labels(*lv))
-                self._advance(eid, f"{tier}.io", t.get("io_s", 0.0), self.tier_io.labels(*lv))
+                self._advance(eid, f"{tier}.io", t.io_s, self.tier_io.labels(*lv))
+            for tier, window in tier_windows(engine).items():
+                windows.setdefault(tier, []).append(window)
         self.num_running.set(running)
         self.num_waiting.set(num_waiting)
         self.kv_usage.set(usage_of_active)
         self.engines.set(len(engines))
         self.resident_bytes.labels(*self.labels, "pool").set(resident)
         self.capacity_bytes.labels(*self.labels, "pool").set(capacity)
-        for tier, agg in tiers.items():
+        for tier, (tier_resident, tier_capacity) in tiers.items():
             lv = (*self.labels, tier)
-            self.resident_bytes.labels(*lv).set(agg["resident_bytes"])
-            self.capacity_bytes.labels(*lv).set(agg["capacity_bytes"])
-            self.tier_read_p99.labels(*lv).set(agg["read_p99_s"])
+            self.resident_bytes.labels(*lv).set(tier_resident)
+            self.capacity_bytes.labels(*lv).set(tier_capacity)
+        self.tier_read_p99.windows = windows
 
     def observe_tokens(self, num_new_tokens: int, itls_s: list[float],
                        ttft_s: float | None, num_prompt_tokens: int = 0) -> None:

@@ -4,8 +4,8 @@ Requests are pydantic models: a body that does not fit (wrong type, out of range
 400 with the field named (see ``errors``). Unknown fields are ignored, as vLLM does.
 Fields the engine cannot honour are accepted only at their neutral value (``n=1``,
 ``logprobs=null``, penalties 0, ...) and rejected otherwise with the field named --
-``unsupported`` lists them. Responses are plain dicts built by ``responses_*`` helpers
-in ``app``; their models here document the schema for clients and the fuzz test.
+``unsupported`` lists them. Non-streaming responses are built as these models by the
+routes (``routes/``); streamed chunks are dicts of the same fields.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvmap.request import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20           # top log-probabilities one token may ask for (vLLM's default)
 MIN_TEMPERATURE = 0.01      # vLLM's floor: logits / 1e-300 overflow to inf and NaN the softmax
 # top_p below float32's smallest subnormal rounds to 0 in the sampler's comparison and
 # would drop every token; any top_p <= 1/vocab keeps exactly the top token, so this
@@ -97,8 +98,11 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs is not None:
-            return "logprobs", "logprobs are not supported"
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
+            return "logprobs", (f"logprobs={self.logprobs} is above this server's limit "
+                                f"of {MAX_LOGPROBS}")
+        if self.logprobs is not None and self.stream:
+            return "logprobs", "logprobs are supported without stream only"
         if self.best_of not in (None, 1):
             return "best_of", f"best_of={self.best_of} is not supported; only 1"
         if self.suffix:
@@ -173,10 +177,17 @@ class Usage(_Base):
     total_tokens: int
 
 
+class CompletionLogprobs(_Base):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(_Base):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
@@ -214,6 +225,21 @@ class ChatCompletionResponse(_Base):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(_Base):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kvmap"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(_Base):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class ErrorInfo(_Base):

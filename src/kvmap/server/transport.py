@@ -14,8 +14,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvmap.server.engine_loop import Delta, EngineDeadError, EngineLoop, RequestStream
+from kvmap.server.engine_loop import EngineLoop
 from kvmap.server.errors import APIError, error_body
+from kvmap.server.messages import (Delta, EngineDeadError, RequestFailedError,
+                                   RequestTimeoutError)
+from kvmap.server.request_stream import RequestStream
 
 log = logging.getLogger("kvmap.server")
 
@@ -91,6 +94,14 @@ class SSEResponse(StreamingResponse):
             log.debug("client disconnected mid-stream")
 
 
+def stream_error_status(loop: EngineLoop, error: Exception) -> int:
+    """The HTTP status of a request that ended with ``error`` instead of a finish."""
+    if isinstance(error, RequestTimeoutError):
+        loop.metrics.timeouts.inc()
+        return 504
+    return 500 if isinstance(error, RequestFailedError) else 503
+
+
 def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
@@ -98,7 +109,8 @@ def sse(data: dict | str) -> str:
 async def collect(loop: EngineLoop, request: Request, stream: RequestStream
                   ) -> tuple[list[Delta], bool]:
     """All deltas of a non-streaming request, and whether the client went away (the
-    request is then aborted). A dead engine is a 503."""
+    request is then aborted). A dead or restarted engine is a 503, a fault pinned on the
+    request a 500, the request timeout a 504."""
     deltas: list[Delta] = []
     disconnected = False
 
@@ -119,8 +131,8 @@ async def collect(loop: EngineLoop, request: Request, stream: RequestStream
             deltas.append(delta)
             if delta.finish_reason is not None:
                 break
-    except EngineDeadError as e:
-        raise APIError(503, str(e)) from None
+    except (EngineDeadError, RequestFailedError, RequestTimeoutError) as e:
+        raise APIError(stream_error_status(loop, e), str(e)) from None
     finally:
         listener.cancel()
         if not stream.finished:
@@ -139,8 +151,8 @@ async def event_stream(loop: EngineLoop, stream: RequestStream, make_chunk, firs
         while True:
             try:
                 delta = await stream.next()
-            except EngineDeadError as e:
-                yield sse(error_body(503, str(e)))
+            except (EngineDeadError, RequestFailedError, RequestTimeoutError) as e:
+                yield sse(error_body(stream_error_status(loop, e), str(e)))
                 break
             last = delta
             if delta.text or delta.finish_reason is not None \

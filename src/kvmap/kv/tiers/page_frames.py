@@ -51,6 +51,7 @@ class PageFrames:
         self._ids = torch.arange(page_blocks)
         # id(codec) -> per layer, a page_blocks-block CPU store (shapes, state, encoding)
         self._scratch: dict[int, list[LayerStore]] = {}
+        self._frame_bytes: dict[int, int] = {}           # id(codec) -> frame length
         for codec in codecs:
             if not self.is_pool_codec(codec) and id(codec) not in self._scratch:
                 self._scratch[id(codec)] = [
@@ -61,8 +62,11 @@ class PageFrames:
         return same_codec(codec, self.kv.codec)
 
     def frame_bytes(self, codec: Codec) -> int:
-        """Bytes of one page frame (one layer) in ``codec``."""
-        return len(serde.encode_block([self._template(codec, 0)]))
+        """Bytes of one page frame (one layer) in ``codec`` (encoded once per codec: the
+        size is fixed by the shapes, and reports ask for it often)."""
+        if id(codec) not in self._frame_bytes:
+            self._frame_bytes[id(codec)] = len(serde.encode_block([self._template(codec, 0)]))
+        return self._frame_bytes[id(codec)]
 
     # ---- engine thread ------------------------------------------------------------
     def encode(self, block_ids: list[int], layer: int, codec: Codec) -> bytes:

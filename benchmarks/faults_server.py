@@ -1,0 +1,176 @@
+"""The server's part of the fault benchmark: what the fault tests assert, measured.
+
+    python benchmarks/faults_server.py [--quick] [--model M]
+
+Against ``kvmap serve`` in a child process (default: the embedded SmolLM2-135M; with
+``--quick`` the random-weight ``dummy:tiny``):
+
+- **overload**: 10x the queue bound (``--max-queue``) of concurrent requests at once;
+  counts per status (503 expected, no other 5xx), whether every admitted request got
+  all its tokens, and the server's RSS (sampled every 50 ms) before and at its peak;
+- **hostile**: one streaming client runs while hostile bodies (huge stop lists, huge
+  prompts, token ids out of range, deep JSON, wrong types) are sent; its largest gap
+  between chunks, against the same stream's largest gap with no other traffic.
+
+Prints a table and writes one JSON record under ``benchmarks/results/``
+(``faults_server-*.json``; metrics keys: ``overload.*``, ``hostile.*``,
+``requests_sent``, ``num_5xx``, ``num_wrong``). The fault tests themselves
+(``tests/server/test_faults.py``) assert only correctness; timings live here.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_record  # noqa: E402
+from serve_load import Server  # noqa: E402
+
+
+class RssSampler:
+    def __init__(self, pid: int, interval_s: float = 0.05):
+        self.process = psutil.Process(pid)
+        self.interval_s = interval_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.process.memory_info().rss)
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def complete(session, url: str, body: dict) -> tuple[int, dict | None]:
+    async with session.post(f"{url}/v1/completions", json=body) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def stream_gaps(session, url: str, max_tokens: int) -> tuple[bool, float, int]:
+    """(completed, largest gap between chunks in s, number of chunks)."""
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    times, done = [], False
+    async with session.post(f"{url}/v1/completions", json=body) as r:
+        async for line in r.content:
+            if line.startswith(b"data: "):
+                times.append(time.perf_counter())
+                done = done or line.strip() == b"data: [DONE]"
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return done, max(gaps, default=0.0), len(times)
+
+
+def hostile_bodies() -> list[tuple[str, bytes]]:
+    nested = "[" * 50_000 + "]" * 50_000
+    bodies = [{"prompt": "hi", "stop": ["s"] * 10_000}, {"prompt": "hi", "stop": "x" * 10**5},
+              {"prompt": "a" * (3 * 2**20)}, {"prompt": [2**40, 1]}, {"prompt": [-1]},
+              {"prompt": "hi", "max_tokens": "many"}, {"prompt": {"a": [1]}}]
+    out = [("/v1/completions", json.dumps(b).encode()) for b in bodies]
+    out.append(("/v1/completions", ('{"prompt": ' + nested + "}").encode()))
+    out.append(("/v1/chat/completions", json.dumps({"messages": [
+        {"role": "user", "content": "z" * (3 * 2**20)}]}).encode()))
+    return out
+
+
+async def overload(url: str, max_queue: int, max_tokens: int) -> dict:
+    n = 10 * max_queue
+    body = {"prompt": "The quick brown fox", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        results = await asyncio.gather(*(complete(session, url, body) for _ in range(n)))
+    statuses = Counter(status for status, _ in results)
+    wrong = sum(1 for status, out in results if status == 200
+                and out["usage"]["completion_tokens"] != max_tokens)
+    return {"requests_sent": n, "statuses": dict(statuses),
+            "num_5xx_other_than_503": sum(v for k, v in statuses.items()
+                                          if k >= 500 and k != 503),
+            "num_admitted": statuses.get(200, 0), "num_admitted_wrong": wrong}
+
+
+async def hostile(url: str, max_tokens: int) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        quiet = await stream_gaps(session, url, max_tokens)
+        task = asyncio.ensure_future(stream_gaps(session, url, max_tokens))
+        statuses = Counter()
+        while not task.done():
+            for path, raw in hostile_bodies():
+                async with session.post(f"{url}{path}", data=raw,
+                                        headers={"content-type": "application/json"}) as r:
+                    statuses[r.status] += 1
+                    await r.read()
+                if task.done():
+                    break
+        busy = await task
+    return {"requests_sent": sum(statuses.values()), "statuses": dict(statuses),
+            "num_5xx": sum(v for k, v in statuses.items() if k >= 500),
+            "stream_completed": busy[0], "quiet_largest_gap_s": quiet[1],
+            "largest_gap_s": busy[1], "num_chunks": busy[2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--max-queue", type=int, default=8)
+    args = parser.parse_args()
+    model = args.model or ("dummy:tiny" if args.quick else None)
+    max_tokens = 16 if args.quick else 32
+    serve_args = ["--max-queue", str(args.max_queue), "--max-num-seqs", "8"]
+    if model:
+        serve_args += ["--model", model] + (["--dtype", "fp32", "--kv", "fp32"]
+                                            if model.startswith("dummy") else [])
+    with Server(*serve_args) as server:
+        with RssSampler(server.proc.pid) as rss:
+            load = asyncio.run(overload(server.url, args.max_queue, max_tokens))
+        load["rss_start_bytes"], load["rss_peak_bytes"] = rss.samples[0], max(rss.samples)
+        rough = asyncio.run(hostile(server.url, max_tokens * 4))
+    metrics = {"overload": load, "hostile": rough,
+               "requests_sent": load["requests_sent"] + rough["requests_sent"],
+               "num_5xx": load["num_5xx_other_than_503"] + rough["num_5xx"],
+               "num_wrong": load["num_admitted_wrong"]}
+    table = Table(title="kvmap serve under faults")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in (("overload: requests", load["requests_sent"]),
+                       ("overload: statuses", load["statuses"]),
+                       ("overload: admitted with wrong token count",
+                        load["num_admitted_wrong"]),
+                       ("overload: RSS start / peak MiB",
+                        f"{load['rss_start_bytes'] / 2**20:.0f} / "
+                        f"{load['rss_peak_bytes'] / 2**20:.0f}"),
+                       ("hostile: requests", rough["requests_sent"]),
+                       ("hostile: statuses", rough["statuses"]),
+                       ("hostile: stream completed", rough["stream_completed"]),
+                       ("stream largest chunk gap quiet / hostile ms",
+                        f"{rough['quiet_largest_gap_s'] * 1e3:.0f} / "
+                        f"{rough['largest_gap_s'] * 1e3:.0f}"),
+                       ("5xx seen (503 of the queue bound excluded)", metrics["num_5xx"])):
+        table.add_row(key, str(value))
+    Console().print(table)
+    path = write_record("faults_server", {"model": model or "smollm2",
+                                          "max_queue": args.max_queue,
+                                          "max_tokens": max_tokens}, metrics)
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()
