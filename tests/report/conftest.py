@@ -33,8 +33,11 @@ def _workload(kv: str, gap_s: float, ttft_s: float, peak: int, ops: int, duratio
     cell_id = f"{kv}-chat"
     rows = _rows(cell_id, kv, gap_s, ttft_s)
     metrics = aggregate(rows, duration_s=duration_s, slo=SLO)
+    rate = metrics["output_tokens_per_s"]
     metrics.update(peak_kv_resident_bytes=peak, kv_bytes_per_token=peak / 1000,
                    tiers=tiers or {},
+                   output_throughput_windows_tok_s=[rate * (1 + 0.01 * (k % 3 - 1))
+                                                    for k in range(10)],
                    probes={"stability": {"identical": True, "num_tokens": 12,
                                          "num_identical_prefix": 12, "batch_size": 4},
                            "decode_ops": {"num_ops_per_step": ops}})

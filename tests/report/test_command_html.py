@@ -35,7 +35,13 @@ def test_report_writes_a_self_contained_html_with_every_plot(app, fake_run):
             "fig-tiers"} <= ids
     for _, data in images:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "http://" not in html and "https://" not in html and "<script" not in html
+    # offline: outside the inlined scripts nothing names a URL, no script or style is
+    # fetched, and the plotly bundle is inlined once for the page's interactive figures
+    outside = re.sub(r"<script[^>]*>.*?</script>", "", html, flags=re.S)
+    assert "http://" not in outside and "https://" not in outside
+    assert not re.search(r"<script[^>]*\ssrc=", html) and "<link" not in outside
+    assert html.count("plotly.js v") == 1 and html.count("Plotly.newPlot") == 1
+    assert 'id="map-interactive"' in html and 'id="cfg-int8"' in html
     for text in ("Pre-launch checklist", "operator launches per decode step", "Pareto",
                  "percentile bootstrap over requests", "Binding constraint"):
         assert text in html
