@@ -14,7 +14,7 @@ first failing level b, per key k that fails at b (r = measured / limit):
        |   o  a  /               a deployment needs every lower load to work too)
        +--------------- load
 
-Statuses: ``"interpolated"``; ``"top"`` (every measured level passes: capacity >= the
+Statuses: ``"interpolated"``; ``"top"`` (every measured level passes: capacity ≥ the
 top level); ``"below"`` (even the lowest level misses); ``"unmeasured"`` (no SLA, or no
 level has figures). Failed levels are skipped and named in ``gaps``.
 """
@@ -68,7 +68,7 @@ class Capacity:
             return f"below the lowest level ({self.lowest:g}{unit})"
         ci = f" [{self.ci[0]:.1f}, {self.ci[1]:.1f}]" if self.ci else ""
         if self.status == "top":
-            return f">= top level ({self.top:g}{unit})"
+            return f"≥ top level ({self.top:g}{unit})"
         return f"{self.value:.1f}{unit}{ci}"
 
     @property
