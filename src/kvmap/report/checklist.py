@@ -67,6 +67,8 @@ def kv_memory_item(c: ConfigSummary, budget_bytes: int | None) -> CheckItem:
 def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
     items = []
     for task in c.tasks.values():
+        if task.kind == "generation":         # judged by its length (inflation_item)
+            continue
         item = f"accuracy drop on {task.task}"
         unit = "perplexity rise" if task.kind == "ppl" else "accuracy points lost"
         threshold = f"<= {max_drop_pct:g}% ({unit})"

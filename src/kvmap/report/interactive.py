@@ -83,8 +83,9 @@ def _errors(values, cis) -> dict | None:
                             for v, ci in zip(values, cis)], thickness=1.2)
 
 
-def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: bool) -> None:
-    """One scatter trace per family (so the legend toggles families)."""
+def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: set) -> None:
+    """One scatter trace per family (so the legend toggles families, in both panels);
+    ``legend``: the families already in the legend (updated)."""
     index = {c.name: i for i, c in enumerate(configs)}
     for fam in dict.fromkeys(family(c) for c in configs):
         sel = [(c, x, y, xc, yc) for c, x, y, xc, yc in zip(configs, xs, ys, xcis, ycis)
@@ -93,7 +94,8 @@ def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: bool) -> None
             continue
         cs, x, y, xc, yc = (list(v) for v in zip(*sel))
         fig.add_trace(go.Scatter(
-            x=x, y=y, mode="markers+text", name=fam, legendgroup=fam, showlegend=legend,
+            x=x, y=y, mode="markers+text", name=fam, legendgroup=fam,
+            showlegend=fam not in legend,
             text=[f'<a href="#{row_id(c.name)}">{c.name}</a>' for c in cs],
             textposition="top right", customdata=[row_id(c.name) for c in cs],
             hovertext=[hover_text(c) for c in cs], hoverinfo="text",
@@ -102,6 +104,7 @@ def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: bool) -> None
                         symbol=["star" if c.name == choice else "circle" for c in cs],
                         color=[color(index[c.name]) for c in cs],
                         line=dict(width=1, color="black"))), row=1, col=col)
+        legend.add(fam)
 
 
 def _front(fig, xs, ys, minimize_y: bool, col: int, legend: bool) -> None:
@@ -129,15 +132,16 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
           for c, t in zip(configs, worst)]
     left = any(x is not None and y is not None for x, y in zip(xs, ys))
     _front(fig, xs, ys, True, 1, left)
+    legend: set = set()
     _points(fig, configs, xs, ys, [None] * len(configs),
-            [t.drop_ci if t else None for t in worst], choice, 1, True)
+            [t.drop_ci if t else None for t in worst], choice, 1, legend)
     xs = [c.tbt_p99_s * 1e3 if c.tbt_p99_s is not None else None for c in configs]
     ys = [c.throughput_tok_s for c in configs]
     xcis = [(c.tbt_p99_ci[0] * 1e3, c.tbt_p99_ci[1] * 1e3) if c.tbt_p99_ci else None
             for c in configs]
     _front(fig, xs, ys, False, 2, not left)
     _points(fig, configs, xs, ys, xcis, [c.throughput_ci for c in configs], choice, 2,
-            not left)
+            legend)
     fig.update_xaxes(title_text="peak resident KV (MiB)", row=1, col=1)
     fig.update_yaxes(title_text="accuracy drop (worst task; 95% interval)", row=1, col=1)
     fig.update_xaxes(title_text="P99 time between tokens (ms)", row=1, col=2)

@@ -284,6 +284,7 @@ def _simplest_within_noise(winner: ConfigSummary, feasible: list[ConfigSummary],
     the noise and the winner is already the simplest)."""
     mine = objective_interval(winner, objective, by_capacity)
     tied = [c for c in feasible if c is not winner and c.equal_to is None
+            and c.model == winner.model        # a deployment picks among its model's
             and _overlaps(mine, objective_interval(c, objective, by_capacity))]
     if not tied:
         return winner, None

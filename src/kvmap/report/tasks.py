@@ -21,7 +21,7 @@ class TaskResult:
     """One accuracy task of one configuration."""
 
     task: str
-    kind: str                          # "ppl", "accuracy" or "other"
+    kind: str                          # "ppl", "accuracy", "generation" or "other"
     value: float | None = None         # perplexity, or accuracy in [0, 1]
     drop_pct: float | None = None      # perplexity rise %, or accuracy points lost
     drop_ci: tuple[float, float] | None = None
@@ -102,8 +102,9 @@ def task_result(cell: dict, baseline: dict | None, seed: int = 0) -> TaskResult:
     elif m.get("accuracy") is not None:
         result = TaskResult(name, "accuracy", m["accuracy"], grid=list(m.get("grid") or []))
         _accuracy(result, cell, baseline, seed)
-    else:
-        result = TaskResult(name, "other", num_samples=len(mine) or None)
+    else:                       # a natural-stopping generation task is judged by length
+        result = TaskResult(name, "generation" if S.has_lengths(mine) else "other",
+                            num_samples=len(mine) or None)
     if S.has_lengths(mine) and S.has_lengths(theirs):
         result.inflation = S.inflation(mine, theirs, seed)
     return result
