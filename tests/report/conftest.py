@@ -70,17 +70,20 @@ def _tasks(kv: str, ppl_delta: float, passkey: list[float], peak: int):
 def make_run(path: Path, kv_memory: str = "64MiB") -> Path:
     """Two configurations: bf16 (the baseline) and int8 (faster, half the KV, 0.5% ppl
     rise, one passkey miss out of four, twice the operators, a host tier)."""
-    scenario = SimpleNamespace(
-        seed=0, fingerprint=lambda: "fake",
-        to_dict=lambda: {"name": "fake", "description": "hand-made", "slo": SLO,
-                         "engine": {"kv_memory": kv_memory}})
-    store, _ = RunStore.open_for(path, scenario, "name: fake\n", ["kvmap", "bench"])
     tiers = {"host": {"num_hits": 30, "num_misses": 10, "hit_rate": 0.75,
                       "read_p50_s": 0.001, "read_p99_s": 0.004}}
     cells = [_workload("bf16", 0.05, 0.2, 40 << 20, 1000, 2.0),
              *[(t, []) for t in _tasks("bf16", 0.0, [1, 1, 1, 1], 30 << 20)],
              _workload("int8", 0.04, 0.3, 20 << 20, 2100, 1.5, tiers),
              *[(t, []) for t in _tasks("int8", 0.5, [1, 1, 1, 0], 15 << 20)]]
+    return store_run(path, cells, {"name": "fake", "description": "hand-made", "slo": SLO,
+                                   "engine": {"kv_memory": kv_memory}})
+
+
+def store_run(path: Path, cells, scenario: dict) -> Path:
+    """A finished run directory holding ``cells`` ((record, rows) pairs) in order."""
+    fake = SimpleNamespace(seed=0, fingerprint=lambda: "fake", to_dict=lambda: scenario)
+    store, _ = RunStore.open_for(path, fake, f"name: {scenario['name']}\n", ["kvmap", "bench"])
     for ordinal, (record, rows) in enumerate(cells):
         store.write_cell(record, rows, ordinal)
     store.finalize()
@@ -156,14 +159,8 @@ def sweep_cells(kvs=None, failed: dict | None = None, model: str = "m",
 
 
 def write_run(path: Path, cells, slo: dict | None = None, name: str = "sweep") -> Path:
-    scenario = SimpleNamespace(
-        seed=0, fingerprint=lambda: "fake",
-        to_dict=lambda: {"name": name, "slo": slo or {}, "engine": {"kv_memory": "128MiB"}})
-    store, _ = RunStore.open_for(path, scenario, f"name: {name}\n", ["kvmap", "bench"])
-    for ordinal, (record, rows) in enumerate(cells):
-        store.write_cell(record, rows, ordinal)
-    store.finalize()
-    return path
+    return store_run(path, cells, {"name": name, "slo": slo or {},
+                                   "engine": {"kv_memory": "128MiB"}})
 
 
 @pytest.fixture
