@@ -132,3 +132,14 @@ def test_a_run_with_tasks_only(app, tmp_path, status):
     assert "data:image/png;base64," in html
     if status == "failed":
         assert "every cell failed" in html
+
+
+def test_recommend_on_a_load_sweep_changes_with_the_slo(app, sweep_run):
+    loose = json.loads(invoke(app, "recommend", sweep_run, "--json").output)
+    assert loose["by_capacity"] and loose["choice"] == "int4"
+    result = invoke(app, "recommend", sweep_run, "--slo", "ttft_p99=1s,tbt_p99=50ms", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["choice"] == "int8"
+    result = invoke(app, "report", sweep_run)
+    assert result.exit_code == 0, result.output
+    assert "SLA capacity" in result.output and "(= bf16 here)" in result.output

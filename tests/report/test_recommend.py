@@ -164,3 +164,16 @@ def test_the_recommender_says_whether_a_drop_is_distinguishable_from_zero(config
     assert any("ppl" in a and "% perplexity" in a and ", distinguishable from zero" in a
                for a in rec.accuracy)
     assert "2% of samples right in the baseline are wrong here" in "\n".join(rec.lines())
+
+
+def test_runners_up_say_when_their_accuracy_is_not_separable(configs):
+    from kvmap.report.tasks import TaskResult
+    for c, drop, ci in ((configs[0], 0.0, (-0.5, 0.5)), (configs[1], 0.4, (-0.2, 1.0))):
+        c.tasks = {"passkey": TaskResult("passkey", "accuracy", 0.9, drop_pct=drop,
+                                         drop_ci=ci)}
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "int8"
+    assert "not separable: their intervals overlap" in rec.runners_up[0].costs
+    configs[0].tasks["passkey"].drop_ci = (-0.5, -0.3)
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert "not separable" not in rec.runners_up[0].costs

@@ -78,6 +78,10 @@ def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
             continue
         ci = (f" [{task.drop_ci[0]:.2f}, {task.drop_ci[1]:.2f}]"
               if task.drop_ci and task.drop_ci[0] != task.drop_ci[1] else "")
+        if task.distinguishable is False:
+            ci += ", not distinguishable from 0"
+        if task.negative is not None and task.negative.value > 0:
+            ci += f"; negative-sample rate {task.negative.value:.0%}"
         if task.drop_pct > max_drop_pct:
             status = "FAIL"
         elif task.drop_ci and task.drop_ci[1] > max_drop_pct:

@@ -98,7 +98,7 @@ def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: set) -> None:
             showlegend=fam not in legend,
             text=[f'<a href="#{row_id(c.name)}">{c.name}</a>' for c in cs],
             textposition="top right", customdata=[row_id(c.name) for c in cs],
-            hovertext=[hover_text(c) for c in cs], hoverinfo="text",
+            hovertext=[hover_text(c) for c in cs], hoverinfo="text", cliponaxis=False,
             error_x=_errors(x, xc), error_y=_errors(y, yc),
             marker=dict(size=[18 if c.name == choice else 10 for c in cs],
                         symbol=["star" if c.name == choice else "circle" for c in cs],

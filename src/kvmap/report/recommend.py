@@ -252,8 +252,17 @@ def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str,
             parts.append(f"P99 TBT {(a - b) * 1000:+.0f} ms")
     a, b = other.accuracy_drop_pct, winner.accuracy_drop_pct
     if a is not None and b is not None:
-        parts.append(f"accuracy drop {a - b:+.2f} points ({a:.2f}% vs {b:.2f}%)")
+        parts.append(f"accuracy drop {a - b:+.2f} points ({a:.2f}% vs {b:.2f}%"
+                     + ("; not separable: their intervals overlap" if a != b
+                        and _overlaps(_worst_ci(other), _worst_ci(winner)) else "") + ")")
     return ", ".join(parts) if parts else "no comparable figures"
+
+
+def _worst_ci(c: ConfigSummary) -> tuple[float, float] | None:
+    """The interval of the task that gives ``accuracy_drop_pct`` (its worst drop)."""
+    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
+    worst = max(tasks, key=lambda t: t.drop_pct) if tasks else None
+    return worst.drop_ci if worst is not None else None
 
 
 def _pct(a: float, b: float) -> str:
