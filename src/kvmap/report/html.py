@@ -6,7 +6,6 @@ the page; no external file, so it opens offline in any browser and can be mailed
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import jinja2

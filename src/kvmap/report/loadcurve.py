@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.report.slo import measure_key, request_groups, split_key
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import throughput_ci
-
+from kvmap.report.slo import measure_key, request_groups, split_key
 
 
 @dataclass(frozen=True)
