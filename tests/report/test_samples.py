@@ -102,3 +102,10 @@ def test_a_run_with_samples_dummy_weights_and_inflation(tmp_path):
     for header in ("concurrent max / mean", "KV capacity (tokens)", "weights"):
         assert header in headers
     assert m_row.cells[headers.index("concurrent max / mean") - 1] == "4 / 3.2"
+
+
+def test_a_fixed_length_generation_task_is_not_a_length_task():
+    from kvmap.report.samples import has_lengths
+    assert has_lengths(gen([10], [1.0]))
+    assert not has_lengths([{"sample_id": "g0", "num_output_tokens": 64}])   # EOS ignored
+    assert not has_lengths([0.5, 1.0])

@@ -128,8 +128,10 @@ def _pct(a: float, b: float) -> float:
 
 
 def has_lengths(samples: Sequence) -> bool:
+    """Whether these are a natural-stopping generation task's samples (a length and
+    why it stopped; a fixed-length task without ``finish_reason`` is not one)."""
     return bool(samples) and all(isinstance(s, dict) and "num_output_tokens" in s
-                                 for s in samples)
+                                 and "finish_reason" in s for s in samples)
 
 
 def inflation(mine: Sequence, theirs: Sequence, seed: int = 0) -> Inflation | None:
