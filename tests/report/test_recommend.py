@@ -133,6 +133,13 @@ def test_a_tier_that_was_never_read_is_not_ranked_above_its_base(tmp_path):
                for n in a.recommendation.notes)
     items = {i.item: i for i in a.checklist["tiers(host=64MiB)"]}
     assert items["every part of the configuration acted"].status == "WARN"
+    from kvmap.report.table import metric_rows
+    headers, rows = metric_rows(a.configs)
+    col = headers.index("never acted") - 1
+    flags = {r.cells[col] for r in rows if r.config == "tiers(host=64MiB)"}
+    assert flags == {"tiers never acted: = bf16 here"}              # every level
+    assert {r.cells[col] for r in rows if r.config == "bf16"} == {"-"}
+    assert all(p.idle == ("tiers",) for p in tiers.curves["chat"])
 
 
 def test_a_margin_inside_the_noise_prefers_the_simpler_configuration(configs):

@@ -184,6 +184,7 @@ def load_figure(configs: list[ConfigSummary], slo: dict, workload: str) -> go.Fi
                 customdata=[row_id(c.name)] * len(x),
                 error_y=_errors([y or 0 for y in ys], cis),
                 hovertext=[f"<b>{c.name}</b> at {p.label}" + ("" if p.ok else ": failed")
+                           + (f" ({' and '.join(p.idle)} never acted)" if p.idle else "")
                            for p in pts], hoverinfo="text+y",
                 line=dict(color=color(index[c.name]))), row=1, col=col)
             shown.add(fam)

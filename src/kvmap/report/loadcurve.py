@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmap.report.intervals import bootstrap_ci
-from kvmap.report.noise import throughput_ci
+from kvmap.report.noise import idle_parts, throughput_ci
 from kvmap.report.slo import measure_key, request_groups, split_key
 
 
@@ -41,6 +41,7 @@ class LoadPoint:
     measured: dict = field(default_factory=dict)     # SLA key -> value (s)
     measured_ci: dict = field(default_factory=dict)  # SLA key -> (low, high)
     concurrency_max: float | None = None
+    idle: tuple[str, ...] = ()                       # parts that never acted here
 
     def meets(self, slo: dict) -> bool | None:
         """Whether every SLA key is met here (None: failed cell or not measured)."""
@@ -114,7 +115,7 @@ def load_points(cells: list[dict], rows_by_cell: dict[str, list[dict]], slo: dic
             throughput_ci=throughput_ci(m, rows),
             measured={k: _level_value(m, rows, k) for k in keys},
             measured_ci={k: _level_ci(rows, k, seed) for k in keys},
-            concurrency_max=m.get("concurrency_max")))
+            concurrency_max=m.get("concurrency_max"), idle=tuple(idle_parts(c["kv"], m))))
     return out
 
 

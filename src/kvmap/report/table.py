@@ -2,7 +2,8 @@
 figure with its 95% interval -- latencies from ``intervals.bootstrap_ci`` (requests
 resampled), output throughput from the cell's per-window rates (``noise``), accuracy
 with its Wilson interval, drops with their paired interval, the negative-sample rate
-beside each average and the output-length inflation. Cells are display strings;
+beside each average and the output-length inflation; a cell in which the
+configuration's tier or policy never acted says it equals its base there. Cells are display strings;
 ``LATENCY_COLUMNS`` names the latency ones. A model whose accuracy cells are absent
 (dummy weights) shows ``n/a``; a figure the record lacks shows ``-`` (not measured).
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary, request_groups
 from kvmap.report.intervals import bootstrap_ci
-from kvmap.report.noise import throughput_ci
+from kvmap.report.noise import idle_parts, throughput_ci, without
 from kvmap.report.tasks import TaskResult
 
 LATENCY_COLUMNS = (("TTFT P50", "ttft", "p50"), ("TTFT P99", "ttft", "p99"),
@@ -114,7 +115,7 @@ def metric_rows(configs: list[ConfigSummary], seed: int = 0) -> tuple[list[str],
     headers = ["config", "workload", "load", "output tok/s [95%]", "goodput tok/s",
                *[f"{name} (ms)" for name, _, _ in LATENCY_COLUMNS],
                "concurrent max / mean", "pool-full steps", "peak KV (cell)",
-               "KV capacity (tokens)", "weights", "KV B/token", "SLA capacity",
+               "KV capacity (tokens)", "weights", "never acted", "KV B/token", "SLA capacity",
                *tasks]
     out = []
     for c in configs:
@@ -125,7 +126,11 @@ def metric_rows(configs: list[ConfigSummary], seed: int = 0) -> tuple[list[str],
             else:
                 entries.append((w, None, c.workloads.get(w) if w else {}, c.rows.get(w, [])))
         for k, (w, level, m, rows) in enumerate(entries):
+            idle = idle_parts(c.kv, m) if m else []
+            acted = (f"{' and '.join(idle)} never acted: = {without(c.kv, idle, c.dtype)} "
+                     "here" if idle else "-")
             cells = [w or "-", level or "-", *_workload_cells(c, w, level, m, rows, seed),
+                     acted,
                      _number(c.kv_bytes_per_token),
                      c.capacity.describe() if c.capacity and k == 0 else "-"]
             cells += [task_cell(c.tasks.get(t), c.accuracy_na) for t in tasks]
