@@ -116,9 +116,13 @@ class Recommendation:
                        f"best {obj} among the configurations that meet every constraint).")
             if self.margin:
                 out.append(f"Within the noise: {self.margin}.")
-            out.append(f"Binding constraint: {self.binding}" if self.binding else
-                       f"No constraint binds: {self.choice} is the best on {obj} among "
-                       "all measured configurations.")
+            if self.binding:
+                out.append(f"Binding constraint: {self.binding}")
+            elif self.margin:           # the leader on the objective is not the choice
+                out.append("No constraint binds.")
+            else:
+                out.append(f"No constraint binds: {self.choice} is the best on {obj} among "
+                           "all measured configurations.")
             for r in self.runners_up:
                 out.append(f"Runner-up {r.name}: {r.costs}.")
             out.extend(f"Accuracy of {self.choice} on {a}." for a in self.accuracy)
