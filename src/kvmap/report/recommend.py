@@ -100,6 +100,7 @@ class Recommendation:
     margin: str | None = None                     # the winner's margin is inside the noise
     accuracy: tuple[str, ...] = ()                # the winner's drops against zero
     by_capacity: bool = False                     # throughput ranked by SLA capacity
+    leader: str | None = None                     # best on the objective, before the noise
 
     @property
     def feasible(self) -> bool:
@@ -118,7 +119,7 @@ class Recommendation:
                 out.append(f"Within the noise: {self.margin}.")
             if self.binding:
                 out.append(f"Binding constraint: {self.binding}")
-            elif self.margin:           # the leader on the objective is not the choice
+            elif self.leader not in (None, self.choice):   # swapped within the noise
                 out.append("No constraint binds.")
             else:
                 out.append(f"No constraint binds: {self.choice} is the best on {obj} among "
@@ -142,7 +143,7 @@ class Recommendation:
                 "runners_up": [{"name": r.name, "costs": r.costs} for r in self.runners_up],
                 "closest_miss": self.closest_miss, "notes": list(self.notes),
                 "margin": self.margin, "accuracy": list(self.accuracy),
-                "by_capacity": self.by_capacity,
+                "by_capacity": self.by_capacity, "leader": self.leader,
                 "constraints": {"slo": self.constraints.slo,
                                 "max_accuracy_drop_pct": self.constraints.max_accuracy_drop_pct,
                                 "kv_budget_bytes": self.constraints.kv_budget_bytes},
@@ -366,7 +367,7 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
                     for c in feasible if c is not winner)[:num_runners_up]
     return Recommendation(objective, constraints, winner.name, binding, names, runners,
                           checks, None, tuple(notes), margin, _accuracy_lines(winner),
-                          by_capacity)
+                          by_capacity, leader.name)
 
 
 def _objective_label(c: ConfigSummary, objective: str, by_capacity: bool) -> tuple[str, str]:
