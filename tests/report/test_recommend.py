@@ -186,3 +186,13 @@ def test_runners_up_say_when_their_accuracy_is_not_separable(configs):
     configs[0].tasks["passkey"].drop_ci = (-0.5, -0.3)
     rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
     assert "not separable" not in rec.runners_up[0].costs
+
+
+def test_after_a_swap_within_the_noise_nothing_is_called_the_best():
+    bf16 = config("bf16", 100.0, 200, 120, 0.0, baseline=True)
+    int8 = config("int8", 104.0, 100, 110, 0.1)
+    int8.complexity, int8.throughput_ci, bf16.throughput_ci = 1, (98.0, 110.0), (95.0, 105.0)
+    rec = recommend([bf16, int8], Constraints(SLO, 1.0), "throughput")
+    assert rec.choice == "bf16" and rec.leader == "int8" and rec.binding is None
+    assert "No constraint binds." in rec.lines()
+    assert not any("is the best on" in line for line in rec.lines())
