@@ -36,6 +36,9 @@ def test_parts_that_never_acted():
                                                                "num_hits": 1}}}) == []
     assert idle_parts("snapkv(budget=0.25)+int8", {"num_evicted_tokens": 0}) == ["policy"]
     assert idle_parts("snapkv(budget=0.25)", {}) == []            # not recorded: unknown
+    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 0}) == ["policy"]
+    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 3,
+                                               "num_evicted_tokens": 0}) == ["policy"]
     assert idle_parts("int8", {"num_evicted_tokens": 0}) == []    # a codec always acts
     assert without("snapkv(budget=0.25)+int8", ["policy"], "bf16") == "int8"
     assert without("tiers(host=64MiB)", ["tiers"], "bf16") == "bf16"

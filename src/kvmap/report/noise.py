@@ -88,7 +88,8 @@ def complexity(kv: str, dtype: str | None) -> int:
 def idle_parts(kv: str, metrics: dict) -> list[str]:
     """The parts of ``kv`` that never acted in the cell of ``metrics``: a tier layout no
     tier of which was read (``bytes_read`` 0 and no hits), a policy that evicted nothing
-    (``num_evicted_tokens`` 0). A figure the record lacks counts as acted (not known)."""
+    (``num_evicted_tokens`` 0; without it, ``num_compressions`` 0). A figure the record
+    lacks counts as acted (not known)."""
     p, idle = parts(kv), []
     tiers = metrics.get("tiers")
     if "tiers" in p and isinstance(tiers, dict) and tiers:
@@ -96,8 +97,9 @@ def idle_parts(kv: str, metrics: dict) -> list[str]:
         if stats and all((s.get("bytes_read") or 0) == 0 and (s.get("num_hits") or 0) == 0
                          for s in stats):
             idle.append("tiers")
-    if "policy" in p and p["policy"].name != "full" \
-            and metrics.get("num_evicted_tokens") == 0:
+    evicted = metrics.get("num_evicted_tokens")
+    if "policy" in p and p["policy"].name != "full" and (
+            evicted == 0 or (evicted is None and metrics.get("num_compressions") == 0)):
         idle.append("policy")
     return idle
 
