@@ -78,3 +78,13 @@ def test_cells_without_a_load_are_single_level_workloads():
     cells[0]["load"] = None
     (s,) = summarize(cells, {}, SLO)
     assert s.capacity is None and not s.curves
+
+
+def test_a_bare_tbt_key_is_read_per_request_at_every_level(tmp_path):
+    # each request's worst gap is its TBT: the P99 of requests and its interval agree
+    run = write_run(tmp_path / "r", sweep_cells(["int8"]), {"tbt_s": 0.1})
+    (int8,) = analyze(load_run(run)).configs
+    top = int8.curves["chat"][-1]
+    assert top.measured["tbt_s"] == pytest.approx(0.085)
+    assert top.measured_ci["tbt_s"] == pytest.approx((0.085, 0.085))
+    assert int8.capacity.status == "top"

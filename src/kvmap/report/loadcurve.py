@@ -91,7 +91,10 @@ def _level_value(metrics: dict, rows: list[dict], key: str) -> float | None:
 
 def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | None:
     metric, stat = split_key(key)
-    ci = bootstrap_ci(request_groups(rows, metric), stat or "p99", seed=seed) if rows else None
+    groups = request_groups(rows, metric)
+    if stat is None and metric == "tbt":     # a bare key: one value (worst gap) a request
+        groups = [[max(g)] for g in groups if g]
+    ci = bootstrap_ci(groups, stat or "p99", seed=seed) if rows else None
     return (ci["ci_low"], ci["ci_high"]) if ci else None
 
 
