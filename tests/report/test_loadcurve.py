@@ -7,7 +7,6 @@ from kvmap.report.analysis import analyze
 from kvmap.report.configs import summarize
 from kvmap.report.loadcurve import LoadPoint, sla_capacity
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
 from tests.report.conftest import SWEEP_SLO, sweep_cells, write_run
 
 SLO = {"ttft_p99_s": 1.0, "tbt_p99_s": 0.1}
