@@ -35,7 +35,13 @@ def test_report_writes_a_self_contained_html_with_every_plot(app, fake_run):
             "fig-tiers"} <= ids
     for _, data in images:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "http://" not in html and "https://" not in html and "<script" not in html
+    # offline: outside the inlined scripts nothing names a URL, no script or style is
+    # fetched, and the plotly bundle is inlined once for the page's interactive figures
+    outside = re.sub(r"<script[^>]*>.*?</script>", "", html, flags=re.S)
+    assert "http://" not in outside and "https://" not in outside
+    assert not re.search(r"<script[^>]*\ssrc=", html) and "<link" not in outside
+    assert html.count("plotly.js v") == 1 and html.count("Plotly.newPlot") == 1
+    assert 'id="map-interactive"' in html and 'id="cfg-int8"' in html
     for text in ("Pre-launch checklist", "operator launches per decode step", "Pareto",
                  "percentile bootstrap over requests", "Binding constraint"):
         assert text in html
@@ -126,3 +132,14 @@ def test_a_run_with_tasks_only(app, tmp_path, status):
     assert "data:image/png;base64," in html
     if status == "failed":
         assert "every cell failed" in html
+
+
+def test_recommend_on_a_load_sweep_changes_with_the_slo(app, sweep_run):
+    loose = json.loads(invoke(app, "recommend", sweep_run, "--json").output)
+    assert loose["by_capacity"] and loose["choice"] == "int4"
+    result = invoke(app, "recommend", sweep_run, "--slo", "ttft_p99=1s,tbt_p99=50ms", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["choice"] == "int8"
+    result = invoke(app, "report", sweep_run)
+    assert result.exit_code == 0, result.output
+    assert "SLA capacity" in result.output and "(= bf16 here)" in result.output

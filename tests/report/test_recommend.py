@@ -91,3 +91,108 @@ def test_bad_objective_is_refused(configs):
         recommend(configs, Constraints(), "cost")
     with pytest.raises(ValueError, match="max_accuracy_drop_pct"):
         Constraints(max_accuracy_drop_pct=-1.0)
+
+
+# ---- load sweeps: SLA capacity ranks the throughput objective -------------------------
+
+def test_the_recommendation_changes_with_the_sla_and_the_objective(sweep_run):
+    from kvmap.report.analysis import analyze
+    from kvmap.report.loader import load_run
+    run = load_run(sweep_run)
+    loose = analyze(run, Constraints(run.slo))                     # TTFT 1 s, TBT 100 ms
+    assert loose.recommendation.by_capacity
+    assert loose.recommendation.choice == "int4"                   # >= top level (64)
+    # TBT <= 50 ms: int4 crosses at 4 + (1 - .9) / (1.4 - .9) * 12 = 6.4; bf16 at
+    # 4 + (1 - .9) / (1.6 - .9) * 12 = 5.71; int8 at 4 + (1 - .8) / (1.2 - .8) * 12 = 10
+    tight = analyze(run, Constraints({"ttft_p99_s": 1.0, "tbt_p99_s": 0.05}))
+    caps = {c.name: c.capacity.value for c in tight.configs}
+    assert caps["int8"] == pytest.approx(10.0) and caps["bf16"] == pytest.approx(4 + 12 / 7)
+    assert caps["int4"] == pytest.approx(6.4)
+    assert tight.recommendation.choice == "int8"
+    # the latency objective: least P99 TBT at the top level -> int8 (85 ms)
+    assert analyze(run, Constraints(run.slo), "latency").recommendation.choice == "int8"
+    # memory: the least peak KV among those within the SLA (snapkv misses it) -> int4
+    memory = analyze(run, Constraints(run.slo), "memory").recommendation
+    assert memory.choice == "int4" and "snapkv" in memory.binding
+    text = "\n".join(loose.recommendation.lines())
+    assert "SLA capacity" in text and "≥ top level (64 concurrent)" in text
+
+
+def test_a_tier_that_was_never_read_is_not_ranked_above_its_base(tmp_path):
+    from kvmap.report.analysis import analyze
+    from kvmap.report.loader import load_run
+    from tests.report.conftest import SWEEP_SLO, sweep_cells, write_run
+    run = load_run(write_run(tmp_path / "r", sweep_cells(["bf16", "tiers(host=64MiB)"]),
+                             SWEEP_SLO))
+    a = analyze(run)
+    tiers = next(c for c in a.configs if c.kv == "tiers(host=64MiB)")
+    assert tiers.idle == ["tiers"] and tiers.equal_to == "bf16"
+    assert tiers.capacity.value == pytest.approx(10.6)        # measures better by noise...
+    assert a.recommendation.choice == "bf16"                  # ...but it is bf16 there
+    assert any("tier was never read" in n and "equals bf16" in n
+               for n in a.recommendation.notes)
+    items = {i.item: i for i in a.checklist["tiers(host=64MiB)"]}
+    assert items["every part of the configuration acted"].status == "WARN"
+    from kvmap.report.table import metric_rows
+    headers, rows = metric_rows(a.configs)
+    col = headers.index("never acted") - 1
+    flags = {r.cells[col] for r in rows if r.config == "tiers(host=64MiB)"}
+    assert flags == {"tiers never acted: = bf16 here"}              # every level
+    assert {r.cells[col] for r in rows if r.config == "bf16"} == {"-"}
+    assert all(p.idle == ("tiers",) for p in tiers.curves["chat"])
+
+
+def test_a_margin_inside_the_noise_prefers_the_simpler_configuration(configs):
+    int8 = next(c for c in configs if c.name == "int8")
+    bf16 = next(c for c in configs if c.name == "bf16")
+    int8.complexity, bf16.complexity = 1, 0
+    int8.throughput_ci, bf16.throughput_ci = (110.0, 130.0), (90.0, 111.0)
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "bf16"
+    assert "inside the 95% intervals" in rec.margin and "simpler bf16" in rec.margin
+    assert any(line.startswith("Within the noise") for line in rec.lines())
+    assert rec.leader == "int8" and rec.binding_constraints == ("ttft_p99_s",)
+    assert not any("bf16 is the best" in line for line in rec.lines())
+    bf16.throughput_ci = (90.0, 109.0)                        # separable: int8 again
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "int8" and rec.margin is None
+
+
+def test_the_recommender_says_whether_a_drop_is_distinguishable_from_zero(configs):
+    from kvmap.report.samples import Rate
+    from kvmap.report.tasks import TaskResult
+    int8 = next(c for c in configs if c.name == "int8")
+    int8.tasks = {"passkey": TaskResult("passkey", "accuracy", 0.95, drop_pct=0.4,
+                                        drop_ci=(-2.0, 3.0),
+                                        negative=Rate(0.025, (0.004, 0.13), 40)),
+                  "ppl": TaskResult("ppl", "ppl", 10.1, drop_pct=0.3, drop_ci=(0.1, 0.5))}
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "int8"
+    assert any("passkey: drop +0.40 points [-2.00, +3.00], not distinguishable from zero"
+               in a for a in rec.accuracy)
+    assert any("ppl" in a and "% perplexity" in a and ", distinguishable from zero" in a
+               for a in rec.accuracy)
+    assert "2% of samples right in the baseline are wrong here" in "\n".join(rec.lines())
+
+
+def test_runners_up_say_when_their_accuracy_is_not_separable(configs):
+    from kvmap.report.tasks import TaskResult
+    for c, drop, ci in ((configs[0], 0.0, (-0.5, 0.5)), (configs[1], 0.4, (-0.2, 1.0))):
+        c.tasks = {"passkey": TaskResult("passkey", "accuracy", 0.9, drop_pct=drop,
+                                         drop_ci=ci)}
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "int8"
+    assert "not separable: their intervals overlap" in rec.runners_up[0].costs
+    configs[0].tasks["passkey"].drop_ci = (-0.5, -0.3)
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert "not separable" not in rec.runners_up[0].costs
+
+
+def test_after_a_swap_within_the_noise_nothing_is_called_the_best():
+    bf16 = config("bf16", 100.0, 200, 120, 0.0, baseline=True)
+    int8 = config("int8", 104.0, 100, 110, 0.1)
+    int8.complexity, int8.throughput_ci, bf16.throughput_ci = 1, (98.0, 110.0), (95.0, 105.0)
+    rec = recommend([bf16, int8], Constraints(SLO, 1.0), "throughput")
+    assert rec.choice == "bf16" and rec.leader == "int8" and rec.binding is None
+    assert "No constraint binds." in rec.lines()
+    assert not any("is the best on" in line for line in rec.lines())

@@ -1,6 +1,7 @@
 """The report in a real browser: headless Chromium (Debian's ``chromium``, installed by
 scripts/chromium.sh) loads the report.html of a real ``kvmap bench --quick`` run; every
-plot must have decoded (no broken image) and a screenshot is written. Marked slow; runs
+plot must have decoded (no broken image), the interactive plotly map must have drawn its
+points (``.scatterlayer .point`` paths in the live DOM) and a screenshot is written. Marked slow; runs
 in CI, where a missing browser fails instead of skipping.
 
 The quick run is shared with tests/bench/test_bench_quick_real.py through the session's
@@ -26,15 +27,20 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 # Appended to a copy of the report: after load, write what the browser decoded into the DOM.
 CHECK_SCRIPT = """<script>
-window.addEventListener('load', function () {
+window.addEventListener('load', function () { setTimeout(function () {
   var imgs = Array.prototype.slice.call(document.images);
+  var plots = Array.prototype.slice.call(document.querySelectorAll('.plotly-graph-div'));
   var out = document.createElement('pre');
   out.id = 'kvmap-check';
-  out.textContent = JSON.stringify(imgs.map(function (i) {
-    return {id: i.id, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight};
-  }));
+  out.textContent = JSON.stringify({
+    images: imgs.map(function (i) {
+      return {id: i.id, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight};
+    }),
+    points: plots.map(function (p) {
+      return {id: p.id, n: p.querySelectorAll('.scatterlayer .point').length};
+    })});
   document.body.appendChild(out);
-});
+}, 1000); });
 </script>"""
 
 
@@ -70,9 +76,12 @@ def test_report_renders_every_plot_in_chromium(tmp_path_factory, tmp_path):
                        "--dump-dom", checked.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     start = dom.stdout.index('<pre id="kvmap-check">') + len('<pre id="kvmap-check">')
-    images = json.loads(dom.stdout[start:dom.stdout.index("</pre>", start)]
-                        .replace("&quot;", '"'))
+    check = json.loads(dom.stdout[start:dom.stdout.index("</pre>", start)]
+                       .replace("&quot;", '"'))
+    images = check["images"]
     assert len(images) == num_plots
+    points = {p["id"]: p["n"] for p in check["points"]}
+    assert points.get("map-interactive", 0) > 0, f"the interactive map drew no point: {points}"
     broken = [i["id"] for i in images if not (i["complete"] and i["w"] > 0 and i["h"] > 0)]
     assert not broken, f"images that did not render: {broken}"
     assert "fig-tradeoff" in {i["id"] for i in images}

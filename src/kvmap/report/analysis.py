@@ -32,7 +32,8 @@ def default_constraints(run: Run) -> Constraints:
 def analyze(run: Run, constraints: Constraints | None = None,
             objective: str = "throughput") -> Analysis:
     constraints = constraints or default_constraints(run)
-    configs = summarize(run.cells, run.rows_by_cell, constraints.slo)
+    configs = summarize(run.cells, run.rows_by_cell, constraints.slo,
+                        seed=run.metadata.get("seed") or 0)
     rec = recommend(configs, constraints, objective)
     budget = constraints.kv_budget_bytes
     if budget is None and run.kv_memory:

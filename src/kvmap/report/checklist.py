@@ -11,6 +11,8 @@ so (nothing unmeasured passes).
     throughput at target latency   goodput >= 90%       >= 50%               < 50%   (of throughput)
     storage P99 read < decode step read P99 < 0.5 x TBT P50   < TBT P50      >= TBT P50
     operator launches per step     <= 1.2x baseline     <= 2x                > 2x
+    output length vs the baseline  mean <= +10%         > +10% (or unmeasured)  -
+    every part acted               tier read, policy evicted   a part never acted  -
 
 Thresholds are module constants; docs/report.md explains each item.
 """
@@ -22,6 +24,7 @@ import numpy as np
 
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary
+from kvmap.report.noise import parts
 from kvmap.report.recommend import Constraints, check, fmt
 
 KV_HEADROOM = 0.20
@@ -29,6 +32,7 @@ LENGTH_RATIO_PASS, LENGTH_RATIO_WARN = 1.5, 3.0
 GOODPUT_PASS, GOODPUT_WARN = 0.90, 0.50
 OPS_RATIO_PASS, OPS_RATIO_WARN = 1.2, 2.0
 STORAGE_PASS = 0.5
+INFLATION_WARN_PCT = 10.0
 STATUSES = ("PASS", "WARN", "FAIL")
 
 
@@ -63,6 +67,8 @@ def kv_memory_item(c: ConfigSummary, budget_bytes: int | None) -> CheckItem:
 def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
     items = []
     for task in c.tasks.values():
+        if task.kind == "generation":         # judged by its length (inflation_item)
+            continue
         item = f"accuracy drop on {task.task}"
         unit = "perplexity rise" if task.kind == "ppl" else "accuracy points lost"
         threshold = f"<= {max_drop_pct:g}% ({unit})"
@@ -72,6 +78,10 @@ def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
             continue
         ci = (f" [{task.drop_ci[0]:.2f}, {task.drop_ci[1]:.2f}]"
               if task.drop_ci and task.drop_ci[0] != task.drop_ci[1] else "")
+        if task.distinguishable is False:
+            ci += ", not distinguishable from 0"
+        if task.negative is not None and task.negative.value > 0:
+            ci += f"; negative-sample rate {task.negative.value:.0%}"
         if task.drop_pct > max_drop_pct:
             status = "FAIL"
         elif task.drop_ci and task.drop_ci[1] > max_drop_pct:
@@ -176,6 +186,41 @@ def ops_item(c: ConfigSummary, baseline: ConfigSummary | None) -> CheckItem:
                      f"{mine:.0f} ops ({ratio:.2f}x baseline's {base:.0f})", threshold)
 
 
+def inflation_item(c: ConfigSummary, run_has_lengths: bool) -> CheckItem:
+    """Output-length inflation on the natural-stopping generation task: compression that
+    makes the model ramble costs end-to-end latency that TPOT hides."""
+    item = "output length vs the baseline (natural stopping)"
+    threshold = f"mean output tokens <= +{INFLATION_WARN_PCT:g}% of the baseline's"
+    inf = c.inflation
+    if inf is None:
+        why = ("this is the baseline" if c.is_baseline and run_has_lengths else
+               "n/a (no accuracy cells for this model)" if c.accuracy_na else
+               "not measured (no natural-stopping generation task)")
+        return CheckItem(item, "PASS" if why.startswith("this is") else "WARN", why,
+                         threshold)
+    ci = f" [{inf.mean_ci[0]:+.1f}, {inf.mean_ci[1]:+.1f}]" if inf.mean_ci else ""
+    e2e = f"; E2E {inf.e2e_pct:+.1f}%" if inf.e2e_pct is not None else ""
+    measured = (f"mean {inf.mean_tokens:.1f} vs {inf.base_mean_tokens:.1f} tokens "
+                f"({inf.mean_pct:+.1f}%{ci}), P90 {inf.p90_tokens:.0f} vs "
+                f"{inf.base_p90_tokens:.0f}{e2e}")
+    return CheckItem(item, "WARN" if inf.mean_pct > INFLATION_WARN_PCT else "PASS",
+                     measured, threshold)
+
+
+def acted_item(c: ConfigSummary) -> CheckItem | None:
+    """None for a configuration with no tier and no policy (nothing that can idle)."""
+    kinds = [k for k in ("tiers", "policy") if k in parts(c.kv)]
+    if not kinds or c.primary_workload is None:
+        return None
+    item = "every part of the configuration acted"
+    threshold = "a tier read, a policy evicted, on the primary workload"
+    if c.idle:
+        return CheckItem(item, "WARN", f"{' and '.join(c.idle)} never acted on "
+                         f"{c.primary_workload}: equal to {c.equal_to} there", threshold)
+    return CheckItem(item, "PASS", f"{' and '.join(kinds)} acted on {c.primary_workload}",
+                     threshold)
+
+
 def checklist(configs: list[ConfigSummary], constraints: Constraints,
               budget_bytes: int | None = None) -> dict[str, list[CheckItem]]:
     """Config name -> its items. ``budget_bytes``: the KV budget for the memory item when
@@ -184,6 +229,7 @@ def checklist(configs: list[ConfigSummary], constraints: Constraints,
     budget = constraints.kv_budget_bytes or budget_bytes
     max_drop = (constraints.max_accuracy_drop_pct
                 if constraints.max_accuracy_drop_pct is not None else 1.0)
+    has_lengths = any(c.inflation is not None for c in configs)
     out = {}
     for c in configs:
         items = [kv_memory_item(c, budget), *accuracy_items(c, max_drop), stability_item(c),
@@ -193,5 +239,9 @@ def checklist(configs: list[ConfigSummary], constraints: Constraints,
         if storage is not None:
             items.append(storage)
         items.append(ops_item(c, baseline))
+        items.append(inflation_item(c, has_lengths))
+        acted = acted_item(c)
+        if acted is not None:
+            items.append(acted)
         out[c.name] = items
     return out

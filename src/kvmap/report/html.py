@@ -1,27 +1,22 @@
 """``report.html``: the whole report in one self-contained file (Jinja2 template
-``templates/report.html.j2``; every figure a base64 PNG inside the page, no script, no
-external file), so that it opens offline in any browser and can be mailed as is.
+``templates/report.html.j2``): the interactive map and load curves are plotly figures
+whose bundle is inlined once (``interactive``), every other figure a base64 PNG inside
+the page; no external file, so it opens offline in any browser and can be mailed as is.
 """
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import jinja2
 
-from kvmap.report import plots
+from kvmap.report import interactive, plots
 from kvmap.report.analysis import Analysis
 from kvmap.report.intervals import METHOD
 from kvmap.report.recommend import fmt
-from kvmap.report.table import metric_rows
+from kvmap.report.table import metric_rows, slug
 
 REPORT_NAME = "report.html"
-
-
-def _slug(text: str) -> str:
-    """``"long-context (needle)"`` -> ``"long-context-needle"`` (an HTML id)."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def _environment() -> jinja2.Environment:
@@ -56,8 +51,15 @@ def context(a: Analysis) -> dict:
         "cdfs": plots.latency_cdfs(a.configs),
         "position": plots.position_latency(a.configs),
         "tiers": plots.tier_plots(a.configs),
-        "heatmaps": [(_slug(t), plots.retrieval_heatmaps(a.configs, t)) for t in retrieval],
+        "heatmaps": [(slug(t), plots.retrieval_heatmaps(a.configs, t)) for t in retrieval],
     }
+    swept = list(dict.fromkeys(w for c in a.configs for w in c.curves))
+    interactive_figures = {"map-interactive": interactive.tradeoff_figure(a.configs,
+                                                                          rec.choice)}
+    interactive_figures.update({f"load-{slug(w)}": interactive.load_figure(
+        a.configs, a.constraints.slo, w) for w in swept})
+    figures["loadcurves"] = [(slug(w), plots.load_curves(a.configs, a.constraints.slo, w))
+                             for w in swept]
     constraints = [check.label for check in next(iter(rec.checks.values()), [])]
     return {
         "title": f"kvmap trade-off map: {a.run.name}",
@@ -73,6 +75,8 @@ def context(a: Analysis) -> dict:
         "recommendation": rec, "recommendation_lines": rec.lines(),
         "constraints": constraints, "objective": rec.objective,
         "configs": a.configs, "fmt": fmt, "figures": figures,
+        "interactive": interactive.embed(interactive_figures),
+        "capacities": [(c.name, c.capacity.describe()) for c in a.configs if c.capacity],
         "checklist_configs": names, "checklist_rows": checklist_rows,
         "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
         "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,

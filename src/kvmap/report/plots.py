@@ -234,3 +234,39 @@ def tier_plots(configs: list[ConfigSummary]) -> str | None:
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return encode(fig)
+
+
+def load_curves(configs: list[ConfigSummary], slo: dict, workload: str) -> str | None:
+    """Output throughput and P99 TTFT / TBT (the SLA's latency keys) against the load
+    level of one swept workload, one line per configuration; a failed level is a gap
+    (NaN), the SLA limits dotted."""
+    curved = [(i, c) for i, c in enumerate(configs) if c.curves.get(workload)]
+    if not curved:
+        return None
+    keys = [k for k in slo if k.split("_")[0] in ("ttft", "tbt", "tpot")] or \
+        ["ttft_p99_s", "tbt_p99_s"]
+    fig = Figure(figsize=(4 * (1 + len(keys)), 3.6))
+    axes = np.atleast_1d(fig.subplots(1, 1 + len(keys)))
+    for i, c in curved:
+        pts = c.curves[workload]
+        x = [p.value for p in pts]
+        nan = float("nan")
+        axes[0].plot(x, [nan if p.throughput_tok_s is None else p.throughput_tok_s
+                         for p in pts], marker="o", color=color(i), label=c.name)
+        for ax, key in zip(axes[1:], keys):
+            ys = [p.measured.get(key) for p in pts]
+            ax.plot(x, [nan if y is None else y * 1000 for y in ys], marker="o",
+                    color=color(i))
+    axes[0].set_ylabel("output tokens/s")
+    for ax, key in zip(axes[1:], keys):
+        ax.set_ylabel(key[:-2].replace("_", " ").upper() + " (ms)")
+        if key in slo:
+            ax.axhline(slo[key] * 1000, color="grey", linestyle=":", label="SLA")
+    kind = next((p.kind for _, c in curved for p in c.curves[workload]), "")
+    for ax in axes:
+        ax.set_xlabel(f"load ({kind or 'level'})")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{workload}: load curves", fontsize=10)
+    fig.tight_layout()
+    return encode(fig)

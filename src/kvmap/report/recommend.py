@@ -6,9 +6,18 @@ accuracy budget and an optional KV memory budget.
 Every configuration is checked against every constraint (``ConstraintCheck``: measured,
 limit, pass). Among those that pass all, the best on the objective wins:
 
-    throughput  most output tokens/s on the primary workload
+    throughput  highest SLA capacity on the primary workload when it is swept over
+                load levels (``loadcurve``; ties: more output tokens/s), else most
+                output tokens/s on the primary workload
     memory      least peak resident KV bytes
     latency     least P99 time between tokens on the primary workload
+
+Speed has noise: when the winner's interval on the objective overlaps a feasible
+rival's (``objective_interval``), the margin is not separable and the simplest of those
+configurations (fewest spec parts, ``noise.complexity``; bf16 is 0) is recommended
+instead, with a note. A configuration whose tier or policy never acted on the primary
+workload (``ConfigSummary.equal_to``) is ranked with its base's figures and behind it:
+it is the same configuration there.
 
 The *binding* constraint is the one that stopped a configuration better on the objective
 than the winner: the best excluded configuration and what it fails. Runners-up are the
@@ -88,6 +97,10 @@ class Recommendation:
     checks: dict                                  # config name -> [ConstraintCheck]
     closest_miss: str | None
     notes: tuple[str, ...]
+    margin: str | None = None                     # the winner's margin is inside the noise
+    accuracy: tuple[str, ...] = ()                # the winner's drops against zero
+    by_capacity: bool = False                     # throughput ranked by SLA capacity
+    leader: str | None = None                     # best on the objective, before the noise
 
     @property
     def feasible(self) -> bool:
@@ -98,13 +111,22 @@ class Recommendation:
         obj = _OBJECTIVE[self.objective][2]
         out = []
         if self.choice is not None:
+            if self.by_capacity:
+                obj = "SLA capacity (the highest load within the SLA)"
             out.append(f"Recommended: {self.choice} (objective: {self.objective}, "
                        f"best {obj} among the configurations that meet every constraint).")
-            out.append(f"Binding constraint: {self.binding}" if self.binding else
-                       f"No constraint binds: {self.choice} is the best on {obj} among "
-                       "all measured configurations.")
+            if self.margin:
+                out.append(f"Within the noise: {self.margin}.")
+            if self.binding:
+                out.append(f"Binding constraint: {self.binding}")
+            elif self.leader not in (None, self.choice):   # swapped within the noise
+                out.append("No constraint binds.")
+            else:
+                out.append(f"No constraint binds: {self.choice} is the best on {obj} among "
+                           "all measured configurations.")
             for r in self.runners_up:
                 out.append(f"Runner-up {r.name}: {r.costs}.")
+            out.extend(f"Accuracy of {self.choice} on {a}." for a in self.accuracy)
         else:
             out.append("No measured configuration meets the SLA and the budgets.")
             if self.closest_miss is not None:
@@ -120,6 +142,8 @@ class Recommendation:
                 "binding_constraints": list(self.binding_constraints),
                 "runners_up": [{"name": r.name, "costs": r.costs} for r in self.runners_up],
                 "closest_miss": self.closest_miss, "notes": list(self.notes),
+                "margin": self.margin, "accuracy": list(self.accuracy),
+                "by_capacity": self.by_capacity, "leader": self.leader,
                 "constraints": {"slo": self.constraints.slo,
                                 "max_accuracy_drop_pct": self.constraints.max_accuracy_drop_pct,
                                 "kv_budget_bytes": self.constraints.kv_budget_bytes},
@@ -172,17 +196,52 @@ def check(config: ConfigSummary, constraints: Constraints,
     return out
 
 
-def _objective_sort_key(config: ConfigSummary, objective: str):
-    attr, higher, _ = _OBJECTIVE[objective]
-    value = getattr(config, attr)
+def objective_value(config: ConfigSummary, objective: str, by_capacity: bool = False):
+    """The figure ranked on (higher or lower is better as ``_OBJECTIVE`` says)."""
+    if objective == "throughput" and by_capacity:
+        return None if config.capacity is None else config.capacity.sort_value
+    return getattr(config, _OBJECTIVE[objective][0])
+
+
+def objective_interval(config: ConfigSummary, objective: str,
+                       by_capacity: bool = False) -> tuple[float, float] | None:
+    """95% interval of the objective figure (None: none measured; peak KV is exact)."""
+    if objective == "throughput" and by_capacity:
+        cap = config.capacity
+        if cap is None or cap.value is None:
+            return None
+        return cap.ci or (cap.value, cap.value)
+    if objective == "throughput":
+        return config.throughput_ci
+    if objective == "latency":
+        return config.tbt_p99_ci
+    return None
+
+
+def _objective_sort_key(config: ConfigSummary, objective: str, by_capacity: bool = False,
+                        base: ConfigSummary | None = None):
+    """Best first; a configuration equal to its ``base`` sorts right behind it."""
+    ref = base or config
+    _, higher, _ = _OBJECTIVE[objective]
+    value = objective_value(ref, objective, by_capacity)
     if value is None:
-        return (1, 0.0)
-    return (0, -value if higher else value)
+        return (1, 0.0, 0.0, int(base is not None))
+    tie = ref.throughput_tok_s if by_capacity and objective == "throughput" else None
+    tie = -(tie or 0.0)
+    return (0, -value if higher else value, tie, int(base is not None))
 
 
-def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str) -> str:
+def _overlaps(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str,
+           by_capacity: bool = False) -> str:
     """What ``other`` costs against ``winner``, objective first."""
     parts = []
+    if by_capacity and other.capacity is not None and winner.capacity is not None:
+        parts.append(f"SLA capacity {other.capacity.describe()} vs "
+                     f"{winner.capacity.describe()}")
     order = [objective] + [o for o in OBJECTIVES if o != objective]
     for obj in order:
         attr, _, label = _OBJECTIVE[obj]
@@ -198,12 +257,60 @@ def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str) -> str:
             parts.append(f"P99 TBT {(a - b) * 1000:+.0f} ms")
     a, b = other.accuracy_drop_pct, winner.accuracy_drop_pct
     if a is not None and b is not None:
-        parts.append(f"accuracy drop {a - b:+.2f} points ({a:.2f}% vs {b:.2f}%)")
+        parts.append(f"accuracy drop {a - b:+.2f} points ({a:.2f}% vs {b:.2f}%"
+                     + ("; not separable: their intervals overlap" if a != b
+                        and _overlaps(_worst_ci(other), _worst_ci(winner)) else "") + ")")
     return ", ".join(parts) if parts else "no comparable figures"
+
+
+def _worst_ci(c: ConfigSummary) -> tuple[float, float] | None:
+    """The interval of the task that gives ``accuracy_drop_pct`` (its worst drop)."""
+    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
+    worst = max(tasks, key=lambda t: t.drop_pct) if tasks else None
+    return worst.drop_ci if worst is not None else None
 
 
 def _pct(a: float, b: float) -> str:
     return f"{100.0 * (a - b) / b:+.0f}%" if b else "n/a"
+
+
+def _accuracy_lines(c: ConfigSummary) -> tuple[str, ...]:
+    """Whether each of ``c``'s accuracy drops is distinguishable from zero."""
+    out = []
+    for t in c.tasks.values():
+        if t.drop_pct is None or c.is_baseline:
+            continue
+        unit = "% perplexity" if t.kind == "ppl" else " points"
+        sep = t.distinguishable
+        verdict = ("no interval: too few samples to tell" if sep is None else
+                   "distinguishable from zero" if sep else "not distinguishable from zero")
+        ci = f" [{t.drop_ci[0]:+.2f}, {t.drop_ci[1]:+.2f}]" if t.drop_ci else ""
+        neg = (f"; {t.negative.value:.0%} of samples right in the baseline are wrong here"
+               if t.negative is not None and t.negative.value > 0 else "")
+        out.append(f"{t.task}: drop {t.drop_pct:+.2f}{unit}{ci}, {verdict}{neg}")
+    return tuple(out)
+
+
+def _simplest_within_noise(winner: ConfigSummary, feasible: list[ConfigSummary],
+                           objective: str, by_capacity: bool) -> tuple[ConfigSummary, str | None]:
+    """The simplest feasible configuration whose objective interval overlaps the
+    winner's, and a sentence when it is not the winner (or when a rival ties within
+    the noise and the winner is already the simplest)."""
+    mine = objective_interval(winner, objective, by_capacity)
+    tied = [c for c in feasible if c is not winner and c.equal_to is None
+            and c.model == winner.model        # a deployment picks among its model's
+            and _overlaps(mine, objective_interval(c, objective, by_capacity))]
+    if not tied:
+        return winner, None
+    label = "SLA capacity" if by_capacity and objective == "throughput" \
+        else _OBJECTIVE[objective][2]
+    pick = min([winner, *tied], key=lambda c: (c.complexity, feasible.index(c)))
+    rivals = ", ".join(c.name for c in tied if c is not pick)
+    if pick is winner:
+        return winner, (f"{winner.name}'s margin on {label} over {rivals} lies inside the "
+                        "95% intervals; it is also the simplest of them")
+    return pick, (f"{winner.name} leads on {label}, but its margin over {pick.name} lies "
+                  f"inside the 95% intervals: recommending the simpler {pick.name}")
 
 
 def recommend(configs: list[ConfigSummary], constraints: Constraints,
@@ -224,28 +331,47 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
     for key in constraints.slo:
         if not any(c.measure(key) is not None for c in usable):
             notes.append(f"{key}: no workload measured it; every configuration fails it")
+    by_capacity = objective == "throughput" and any(
+        c.capacity is not None and c.capacity.status != "unmeasured" for c in usable)
+    bases = {c.name: next((b for b in usable if b.name == c.equal_to), None) for c in usable}
+    for c in usable:
+        if c.equal_to is not None:
+            parts = " and ".join({"tiers": "its tier was never read",
+                                  "policy": "its policy evicted nothing"}[p] for p in c.idle)
+            notes.append(f"{c.name}: {parts} on {c.primary_workload}; it equals "
+                         f"{c.equal_to} there and is not ranked above it")
     checks = {c.name: check(c, constraints, dropped) for c in usable}
-    ranked = sorted(usable, key=lambda c: _objective_sort_key(c, objective))
+    ranked = sorted(usable, key=lambda c: _objective_sort_key(c, objective, by_capacity,
+                                                              bases[c.name]))
     feasible = [c for c in ranked if all(k.ok for k in checks[c.name])]
     if not feasible:
         closest = min(usable, key=lambda c: (max((k.shortfall for k in checks[c.name]),
                                                  default=0.0),
-                                             _objective_sort_key(c, objective)),
+                                             _objective_sort_key(c, objective, by_capacity)),
                       default=None)
         return Recommendation(objective, constraints, None, None, (), (), checks,
                               closest.name if closest else None, tuple(notes))
-    winner = feasible[0]
-    better = ranked[:ranked.index(winner)]
+    leader = feasible[0]
+    winner, margin = _simplest_within_noise(leader, feasible, objective, by_capacity)
+    better = ranked[:ranked.index(leader)]
     binding, names = None, ()
     if better:
         blocked = better[0]
         failed = [k for k in checks[blocked.name] if not k.ok]
         names = tuple(k.name for k in failed)
-        attr, _, label = _OBJECTIVE[objective]
+        label, shown = _objective_label(blocked, objective, by_capacity)
         binding = (" and ".join(k.label for k in failed) + f" -- {blocked.name} would "
-                   f"give {label} {fmt(attr, getattr(blocked, attr))} but measures "
+                   f"give {label} {shown} but measures "
                    + "; ".join(f"{fmt(k.name, k.measured)}" for k in failed))
-    runners = tuple(RunnerUp(c.name, _costs(c, winner, objective))
-                    for c in feasible[1:1 + num_runners_up])
+    runners = tuple(RunnerUp(c.name, _costs(c, winner, objective, by_capacity))
+                    for c in feasible if c is not winner)[:num_runners_up]
     return Recommendation(objective, constraints, winner.name, binding, names, runners,
-                          checks, None, tuple(notes))
+                          checks, None, tuple(notes), margin, _accuracy_lines(winner),
+                          by_capacity, leader.name)
+
+
+def _objective_label(c: ConfigSummary, objective: str, by_capacity: bool) -> tuple[str, str]:
+    if by_capacity and objective == "throughput":
+        return "SLA capacity", c.capacity.describe() if c.capacity else "not measured"
+    attr, _, label = _OBJECTIVE[objective]
+    return label, fmt(attr, getattr(c, attr))

@@ -9,6 +9,7 @@ from rich.text import Text
 from kvmap.config import format_bytes
 from kvmap.report.analysis import Analysis
 from kvmap.report.pareto import pareto_front
+from kvmap.report.table import rate_with_ci
 
 _STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
@@ -24,20 +25,37 @@ def tradeoff_table(a: Analysis) -> Table:
     wl = next((c.primary_workload for c in cs if c.primary_workload), "-")
     table = Table(title=f"trade-off map: {a.run.name}", title_justify="left",
                   header_style="bold")
-    for header in ("KV config", "peak KV", "accuracy drop", f"tok/s ({wl})",
-                   f"P99 TBT ms ({wl})", "Pareto front"):
+    capacity = any(c.capacity is not None for c in cs)
+    for header in ("KV config", "peak KV", "accuracy drop [95%]", f"tok/s ({wl}) [95%]",
+                   f"P99 TBT ms ({wl})", *(["SLA capacity"] if capacity else []),
+                   "Pareto front"):
         table.add_column(header, justify="left" if header in ("KV config", "Pareto front")
                          else "right")
     for i, c in enumerate(cs):
         fronts = [name for name, s in (("memory/accuracy", mem_front),
                                         ("speed/latency", speed_front)) if i in s]
         name = c.name + (" *" if c.name == a.recommendation.choice else "")
+        if c.equal_to:
+            name += f" (= {c.equal_to} here)"
         table.add_row(name, "-" if c.peak_kv_bytes is None else format_bytes(c.peak_kv_bytes),
-                      "-" if c.accuracy_drop_pct is None else f"{c.accuracy_drop_pct:.2f}%",
-                      "-" if c.throughput_tok_s is None else f"{c.throughput_tok_s:.1f}",
+                      _drop(c), rate_with_ci(c.throughput_tok_s, c.throughput_ci),
                       "-" if c.tbt_p99_s is None else f"{c.tbt_p99_s * 1000:.0f}",
+                      *([c.capacity.describe() if c.capacity else "-"] if capacity else []),
                       ", ".join(fronts) or "-")
     return table
+
+
+def _drop(c) -> str:
+    """The worst task's drop with its interval (``n/a`` for a model with no accuracy)."""
+    if c.accuracy_na:
+        return "n/a"
+    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
+    if not tasks:
+        return "-"
+    t = max(tasks, key=lambda t: t.drop_pct)
+    ci = (f" [{t.drop_ci[0]:+.2f}, {t.drop_ci[1]:+.2f}]"
+          if t.drop_ci and t.drop_ci[0] != t.drop_ci[1] else "")
+    return f"{t.drop_pct:.2f}%{ci}"
 
 
 def recommendation_text(a: Analysis) -> Text:

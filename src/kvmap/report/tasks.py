@@ -1,0 +1,145 @@
+"""One accuracy task of one configuration against the baseline's cell of the same task:
+its value with a 95% interval, the drop with its paired interval, the negative-sample
+rate and, for a natural-stopping generation task, the output-length inflation.
+
+Where the record carries the task's own interval (``accuracy_ci95``,
+``ppl_delta_rel_ci95``, ``negative_rate_ci95``) it is used; otherwise the interval is
+computed here from ``details.per_sample`` (Wilson for a share of samples, the paired
+bootstrap of ``kvmap.evals.stats`` for a difference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmap.bench.summary import cell_metric
+from kvmap.evals.stats import paired_delta
+from kvmap.report import samples as S
+
+
+@dataclass
+class TaskResult:
+    """One accuracy task of one configuration."""
+
+    task: str
+    kind: str                          # "ppl", "accuracy", "generation" or "other"
+    value: float | None = None         # perplexity, or accuracy in [0, 1]
+    drop_pct: float | None = None      # perplexity rise %, or accuracy points lost
+    drop_ci: tuple[float, float] | None = None
+    grid: list[dict] = field(default_factory=list)   # retrieval: context x depth cells
+    failed: bool = False
+    value_ci: tuple[float, float] | None = None      # accuracy: Wilson (or the task's)
+    num_samples: int | None = None
+    negative: S.Rate | None = None
+    inflation: S.Inflation | None = None
+
+    @property
+    def distinguishable(self) -> bool | None:
+        """Whether the drop's interval excludes 0 (None without an interval)."""
+        if self.drop_ci is None or self.drop_ci[0] == self.drop_ci[1]:
+            return None
+        return not self.drop_ci[0] <= 0.0 <= self.drop_ci[1]
+
+
+def _pair(value) -> tuple[float, float] | None:
+    if isinstance(value, dict) and "ci_low" in value:
+        return float(value["ci_low"]), float(value["ci_high"])
+    if isinstance(value, (list, tuple)) and len(value) == 2 and None not in value:
+        return float(value[0]), float(value[1])
+    return None
+
+
+def _ppl(result: TaskResult, m: dict, mine: list, theirs: list, seed: int) -> None:
+    if m.get("ppl_delta_rel") is not None:          # the contract's key: a fraction
+        ci = _pair(m.get("ppl_delta_rel_ci95"))
+        result.drop_pct = 100.0 * m["ppl_delta_rel"]
+        result.drop_ci = (100.0 * ci[0], 100.0 * ci[1]) if ci else None
+    elif m.get("ppl_delta_pct") is not None:
+        result.drop_pct, result.drop_ci = m["ppl_delta_pct"], _pair(m.get("delta_ppl_pct"))
+    if result.drop_ci is None and theirs:
+        d = S.ppl_delta_pct(mine, theirs, seed)
+        if d is not None:
+            result.drop_ci = d["ci"]
+            if result.drop_pct is None:
+                result.drop_pct = d["mean"]
+
+
+def _accuracy(result: TaskResult, cell: dict, baseline: dict | None, seed: int) -> None:
+    m, mine = cell.get("metrics") or {}, S.per_sample(cell)
+    n = m.get("num_samples") or m.get("n") or len(mine) or None
+    result.num_samples = n
+    result.value_ci = _pair(m.get("accuracy_ci95")) or (
+        S.wilson(round(m["accuracy"] * n), n) if n else None)
+    if m.get("negative_rate") is not None:
+        result.negative = S.Rate(m["negative_rate"], _pair(m.get("negative_rate_ci95")), n or 0)
+    if baseline is None or baseline["status"] != "ok":
+        return
+    if baseline is cell:
+        result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
+        return
+    theirs = S.per_sample(baseline)
+    d = S.accuracy_drop(mine, theirs, seed)
+    if d is not None:
+        result.drop_pct, result.drop_ci = d["mean"], d["ci"]
+    elif cell_metric(baseline, "accuracy") is not None:
+        result.drop_pct = 100.0 * (cell_metric(baseline, "accuracy") - m["accuracy"])
+    if result.negative is None:
+        result.negative = S.negative_rate(mine, theirs)
+
+
+def task_result(cell: dict, baseline: dict | None, seed: int = 0) -> TaskResult:
+    name, m = cell["task"], cell.get("metrics") or {}
+    if cell["status"] != "ok":
+        return TaskResult(name, "other", failed=True)
+    mine = S.per_sample(cell)
+    theirs = S.per_sample(baseline) if baseline is not None and baseline is not cell \
+        and baseline["status"] == "ok" else []
+    if m.get("ppl") is not None:
+        result = TaskResult(name, "ppl", m["ppl"], num_samples=len(mine) or None)
+        if baseline is cell:
+            result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
+        else:
+            _ppl(result, m, mine, theirs, seed)
+    elif m.get("accuracy") is not None:
+        result = TaskResult(name, "accuracy", m["accuracy"], grid=list(m.get("grid") or []))
+        _accuracy(result, cell, baseline, seed)
+    else:                       # a natural-stopping generation task is judged by length
+        result = TaskResult(name, "generation" if S.has_lengths(mine) else "other",
+                            num_samples=len(mine) or None)
+    if S.has_lengths(mine) and S.has_lengths(theirs):
+        result.inflation = S.inflation(mine, theirs, seed)
+    return result
+
+
+def needle_result(cell: dict, baseline: dict | None, rows: list[dict],
+                  baseline_rows: list[dict]) -> TaskResult:
+    """A workload with needle questions (``needle_accuracy``): an accuracy task whose
+    samples are its requests, paired with the baseline's by request id; its grid is
+    prompt length x needle depth."""
+    name = f"{cell['workload']} (needle)"
+    result = TaskResult(name, "accuracy", cell_metric(cell, "needle_accuracy"))
+    judged = [r for r in rows if r.get("correct") is not None]
+    cells: dict[tuple[int, float], list[bool]] = {}
+    for r in judged:
+        key = (int(r.get("num_prompt_tokens") or 0), round(float(r.get("needle_depth") or 0), 2))
+        cells.setdefault(key, []).append(bool(r["correct"]))
+    result.grid = [{"context_tokens": n, "depth": d, "accuracy": sum(v) / len(v), "n": len(v)}
+                   for (n, d), v in sorted(cells.items())]
+    result.num_samples = len(judged) or None
+    if judged:
+        result.value_ci = S.wilson(sum(bool(r["correct"]) for r in judged), len(judged))
+    if baseline is None:
+        return result
+    if baseline is cell:
+        result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
+        return result
+    theirs = {r["request_id"]: r["correct"] for r in baseline_rows
+              if r.get("correct") is not None}
+    pairs = [(float(theirs[r["request_id"]]), float(r["correct"])) for r in judged
+             if r["request_id"] in theirs]
+    if pairs:
+        d = paired_delta([b for b, _ in pairs], [m for _, m in pairs])
+        result.drop_pct = 100.0 * d["mean"]
+        result.drop_ci = (100.0 * d["ci_low"], 100.0 * d["ci_high"])
+        k = sum(1 for b, m in pairs if b >= 0.5 and m < 0.5)
+        result.negative = S.Rate(k / len(pairs), S.wilson(k, len(pairs)), len(pairs))
+    return result

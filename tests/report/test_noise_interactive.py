@@ -1,0 +1,83 @@
+"""Speed with its noise (throughput intervals, parts that never acted, simplicity) and
+the interactive figures of report.html on a hand-made load sweep."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from kvmap.report.analysis import analyze
+from kvmap.report.html import render
+from kvmap.report.interactive import family, load_figure, tradeoff_figure
+from kvmap.report.loader import load_run
+from kvmap.report.noise import (complexity, idle_parts, t975, throughput_ci,
+                                windows_from_rows, without)
+
+
+def test_throughput_interval_from_windows_and_from_rows():
+    windows = [90.0, 110.0] * 5
+    lo, hi = throughput_ci({"output_tokens_per_s": 100.0,
+                            "output_throughput_windows_tok_s": windows}, [])
+    half = t975(9) * np.std(windows, ddof=1) / math.sqrt(10)
+    assert (lo, hi) == pytest.approx((100 - half, 100 + half))
+    assert t975(9) == pytest.approx(2.262, abs=0.005)
+    assert throughput_ci({"output_tokens_per_s": 100.0}, []) is None      # not measured
+    # recomputed from token times: 10 tokens a second, evenly spread over 10 s
+    rows = [{"arrival_s": 0.0, "token_times_s": [0.05 + 0.1 * k for k in range(100)]}]
+    assert windows_from_rows(rows) == pytest.approx([10.0 * 10 / 9.95] * 10, rel=0.02)
+
+
+def test_parts_that_never_acted():
+    assert idle_parts("tiers(host=64MiB)", {"tiers": {"host": {"bytes_read": 0,
+                                                               "num_hits": 0}}}) == ["tiers"]
+    assert idle_parts("tiers(host=64MiB)", {"tiers": {"host": {"bytes_read": 4096,
+                                                               "num_hits": 1}}}) == []
+    assert idle_parts("snapkv(budget=0.25)+int8", {"num_evicted_tokens": 0}) == ["policy"]
+    assert idle_parts("snapkv(budget=0.25)", {}) == []            # not recorded: unknown
+    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 0}) == ["policy"]
+    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 3,
+                                               "num_evicted_tokens": 0}) == ["policy"]
+    assert idle_parts("int8", {"num_evicted_tokens": 0}) == []    # a codec always acts
+    assert without("snapkv(budget=0.25)+int8", ["policy"], "bf16") == "int8"
+    assert without("tiers(host=64MiB)", ["tiers"], "bf16") == "bf16"
+    assert [complexity(kv, "bf16") for kv in ("bf16", "int8", "snapkv(budget=0.25)+int8",
+                                               "h2o(budget=0.2)+int8+tiers(host=1GiB)")] \
+        == [0, 1, 2, 3]
+
+
+def test_interactive_map_and_load_curves(sweep_run):
+    a = analyze(load_run(sweep_run))
+    assert {family(c) for c in a.configs} == {"baseline", "codec", "selection policy",
+                                              "offload tier"}
+    fig = tradeoff_figure(a.configs, a.recommendation.choice)
+    points = [t for t in fig.data if t.mode == "markers+text"]
+    assert {t.name for t in points} >= {"baseline", "codec"}       # one trace per family
+    int8 = next(t for t in points if "int8" in "".join(t.customdata))
+    k = list(int8.customdata).index("cfg-int8")
+    assert "SLA capacity 40.0 concurrent" in int8.hovertext[k]
+    assert '<a href="#cfg-int8">int8</a>' in int8.text[k]
+    assert int8.error_y.array is not None                          # throughput interval
+    curves = load_figure(a.configs, a.constraints.slo, "chat")
+    lines = [t for t in curves.data if t.name == "int8"]
+    assert len(lines) == 3 and list(lines[0].x) == [4.0, 16.0, 64.0]
+    html = render(a)
+    assert html.count("plotly.js v") == 1                          # the bundle once
+    assert html.count("Plotly.newPlot") == 2                       # map + load curves
+    assert 'id="map-interactive"' in html and 'id="load-chat"' in html
+    assert "Load curves and SLA capacity" in html and 'id="fig-load-chat"' in html
+    assert "≥ top level (64 concurrent)" in html
+    assert set(re.findall(r'href="#(cfg-[a-z0-9-]+)"', html)) <= set(
+        re.findall(r'<tr id="(cfg-[a-z0-9-]+)"', html))           # every link has its row
+
+
+def test_a_failed_level_is_a_gap_in_the_drawn_curve(tmp_path):
+    from tests.report.conftest import SWEEP_SLO, sweep_cells, write_run
+    run = write_run(tmp_path / "r", sweep_cells(["bf16", "int8"], failed={"int8": (16.0,)}),
+                    SWEEP_SLO)
+    a = analyze(load_run(run))
+    curves = load_figure(a.configs, a.constraints.slo, "chat")
+    tput = next(t for t in curves.data if t.name == "int8")
+    assert tput.y[1] is None and tput.connectgaps is False
+    assert "failed" in render(a)
