@@ -35,8 +35,8 @@ class ModelEntry:
 class WorkloadEntry:
     """One load level of a named workload: ``options`` are the validated YAML keys of
     that level (paths made absolute); ``load`` the level (``Load.to_dict``) when the
-    workload is a sweep; ``kv`` and ``kv_memory`` the workload's own KV list and pool
-    budget when it names them (else the scenario's).
+    workload is a sweep; ``kv``, ``kv_memory`` and ``models`` the workload's own KV list,
+    pool budget and models when it names them (else the scenario's).
 
     ``spec(seed)`` rebuilds the ``WorkloadSpec`` (in the cell's process too)."""
 
@@ -45,6 +45,7 @@ class WorkloadEntry:
     load: dict | None = None
     kv: tuple[str, ...] | None = None
     kv_memory: str | int | None = None
+    models: tuple[str, ...] | None = None      # the scenario's models this one runs on
 
     def spec(self, seed: int = 0):
         return workload_spec(self.name, self.options, seed)
@@ -109,7 +110,8 @@ class CellSpec:
         data["engine"] = EngineArgs(**data["engine"])
         if data.get("workload") is not None:
             w = dict(data["workload"])
-            w["kv"] = tuple(w["kv"]) if w.get("kv") is not None else None
+            for key in ("kv", "models"):
+                w[key] = tuple(w[key]) if w.get(key) is not None else None
             data["workload"] = WorkloadEntry(**w)
         if data.get("task") is not None:
             data["task"] = TaskEntry(**data["task"])
@@ -146,7 +148,8 @@ class Scenario:
         for model in self.models:
             for kv in self.all_kv():
                 for w in self.workloads:
-                    if kv not in (w.kv or self.kv):
+                    if kv not in (w.kv or self.kv) or (w.models is not None
+                                                       and model.name not in w.models):
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)

@@ -21,8 +21,8 @@ TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads"
 MODEL_KEYS = {"name", "dtype"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
-# the bench's own workload keys beside the workload's: its KV list and pool budget
-BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory"}
+# the bench's own workload keys beside the workload's: its KV list, pool budget, models
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
 TASK_KEYS = {"name", "task", "params"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
@@ -67,6 +67,7 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
     workloads = _parse_workloads(data.get("workloads") or [], problems, notes, skip,
                                  base_dir, seed)
+    workloads = _check_workload_models(workloads, models, problems)
     tasks = _parse_tasks(data.get("tasks") or [], problems, notes, skip, base_dir)
     slo = _parse_slo(data.get("slo"), problems)
     if not workloads and not tasks:
@@ -242,6 +243,8 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         options = {k: v for k, v in item.items() if k in WORKLOAD_KEYS and k != "name"}
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
+        models = item.get("models")
+        models = tuple(models) if isinstance(models, list) else models
         kv_memory = item.get("kv_memory")
         if kv_memory is not None:
             try:
@@ -259,8 +262,23 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             problems.add(where, str(e))
             continue
         entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
-                                  kv_memory) for level, load in levels]
+                                  kv_memory, models) for level, load in levels]
     return entries
+
+
+def _check_workload_models(workloads: list[WorkloadEntry], models: list[ModelEntry],
+                           problems: Problems) -> list[WorkloadEntry]:
+    """A workload's ``models`` must be a list of the scenario's model names."""
+    names, kept = [m.name for m in models], []
+    for w in workloads:
+        if w.models is not None and (not isinstance(w.models, tuple) or not w.models or
+                                     any(n not in names for n in w.models)):
+            problems.add(f"workloads ({w.name}).models",
+                         f"{list(w.models) if isinstance(w.models, tuple) else w.models!r} "
+                         f"must be a non-empty list of the scenario's models {names}")
+            continue
+        kept.append(w)
+    return kept
 
 
 def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
