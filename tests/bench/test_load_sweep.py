@@ -53,10 +53,12 @@ def test_problems_of_issue_14_are_reported_together(tmp_path):
               - {name: big, kind: synthetic, num_requests: 2, prompt_len: 40, output_len: 8}
               - {name: down, kind: synthetic, num_requests: 2, prompt_len: 8, output_len: 2,
                  arrival: [closed:8, closed:4]}
+              - {name: elsewhere, kind: synthetic, num_requests: 1, models: [smollm3]}
             slo: "ttft=1s,latency_p99=2s"
             """)
     text = str(err.value)
-    assert "3 problem(s)" in text, text
+    assert "4 problem(s)" in text, text
+    assert "['smollm3'] must be a non-empty list of the scenario's models" in text
     assert "'32 tokens' holds 32 tokens with KV spec 'bf16'" in text
     assert "must increase" in text and "'closed:4' after 'closed:8'" in text
     assert "latency_p99" in text
@@ -103,4 +105,23 @@ def test_dummy_model_runs_no_accuracy_task(tmp_path):
         tasks: [{name: passkey, params: {context_tokens: [256], num_samples: 1}}]
         """)
     assert [c.kind for c in scenario.cells()] == ["workload", "workload"]
+    only = _scenario(tmp_path, """
+        models: ["dummy:tiny", "dummy:llama-3-8b?layers=1&vocab=512"]
+        engine: {kv_memory: 1MiB}
+        workloads: [{name: w, kind: synthetic, num_requests: 1, prompt_len: 8,
+                     output_len: 2, models: ["dummy:tiny"]}]
+        """)
+    assert [c.model.name for c in only.cells()] == ["dummy:tiny"]
     assert any("n/a" in note for note in scenario.notes)
+
+
+def test_serve_takes_a_token_budget():
+    """``kvmap serve --kv-memory "256 tokens"``: every engine of the server gets the
+    same bytes, so the adaptive controller's int8 engine holds more tokens."""
+    from kvmap.config import EngineArgs
+    from kvmap.server.engines import make_engine_factory
+    first, factory = make_engine_factory(
+        EngineArgs(model="dummy:tiny", kv_memory="256 tokens", block_size=4), "bf16")
+    int8 = factory("int8")
+    assert first.kv_budget_bytes() == int8.kv_budget_bytes() == 256 * 2 * 2 * 2 * 16 * 2
+    assert first.stats().capacity_tokens == 256 < int8.stats().capacity_tokens
