@@ -183,37 +183,36 @@ class ServerMetrics:
         self._seen = {k: v for k, v in self._seen.items() if k[0] != engine_id}
 
     def update_engine_state(self, engines: list, num_waiting: int) -> None:
-        """``engines``: every live ``Engine``; reads their ``kv_usage()`` (engine thread
+        """``engines``: every live ``Engine``; reads their ``stats()`` (engine thread
         only). ``num_waiting``: requests not yet scheduled, queue included."""
         running = resident = capacity = 0
         usage_of_active = 0.0
         tiers: dict[str, dict] = {}
         for i, engine in enumerate(engines):
-            u = engine.kv_usage()
+            u = engine.stats()
             eid = id(engine)
-            running += u["num_running"]
-            resident += u["resident_bytes"]
-            capacity += u["capacity_bytes"]
+            running += u.num_running
+            resident += u.resident_bytes
+            capacity += u.capacity_bytes
             if i == 0:
-                usage_of_active = u["usage"]
-            block = engine.kv.block_size
-            self._advance(eid, "preemptions", u["num_preemptions"], self.preemptions)
-            self._advance(eid, "prefix_queries", u["prefix_cache_queries"] * block,
+                usage_of_active = u.usage
+            block = u.block_size
+            self._advance(eid, "preemptions", u.num_preemptions, self.preemptions)
+            self._advance(eid, "prefix_queries", u.prefix_cache_queries * block,
                           self.prefix_queries)
-            self._advance(eid, "prefix_hits", u["prefix_cache_hits"] * block, self.prefix_hits)
-            self._advance(eid, "evicted", u.get("num_evicted_tokens", 0), self.evicted_tokens)
-            for tier, t in u.get("tiers", {}).items():
+            self._advance(eid, "prefix_hits", u.prefix_cache_hits * block, self.prefix_hits)
+            self._advance(eid, "evicted", u.num_evicted_tokens or 0, self.evicted_tokens)
+            for tier, t in u.tiers.items():
                 agg = tiers.setdefault(tier, {"resident_bytes": 0, "capacity_bytes": 0,
                                               "read_p99_s": 0.0})
-                agg["resident_bytes"] += t.get("resident_bytes", 0)
-                agg["capacity_bytes"] += t.get("capacity_bytes", 0)
-                agg["read_p99_s"] = max(agg["read_p99_s"], t.get("read_p99_s") or 0.0)
+                agg["resident_bytes"] += t.resident_bytes
+                agg["capacity_bytes"] += t.capacity_bytes
+                agg["read_p99_s"] = max(agg["read_p99_s"], t.detail.get("read_p99_s") or 0.0)
                 lv = (*self.labels, tier)
-                self._advance(eid, f"{tier}.hits", t.get("num_hits", 0),
-                              self.tier_hits.labels(*lv))
-                self._advance(eid, f"{tier}.misses", t.get("num_misses", 0),
+                self._advance(eid, f"{tier}.hits", t.num_hits, self.tier_hits.labels(*lv))
+                self._advance(eid, f"{tier}.misses", t.num_misses,
                               self.tier_misses.labels(*lv))
-                self._advance(eid, f"{tier}.io", t.get("io_s", 0.0), self.tier_io.labels(*lv))
+                self._advance(eid, f"{tier}.io", t.io_s, self.tier_io.labels(*lv))
         self.num_running.set(running)
         self.num_waiting.set(num_waiting)
         self.kv_usage.set(usage_of_active)
