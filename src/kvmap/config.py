@@ -88,14 +88,43 @@ class ModelConfig:
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 
 
+_TOKENS = re.compile(r"\s*([0-9]+)\s*tokens?\s*", re.IGNORECASE)
+
+
+def parse_kv_memory(value: str | int | float) -> tuple[int | None, int | None]:
+    """A KV pool budget -> ``(bytes, None)`` for a byte size (``"256MiB"``, 1048576) or
+    ``(None, tokens)`` for a capacity in the model's bf16 tokens (``"3072 tokens"``).
+
+    A token budget is the same bytes for every KV configuration (tokens x the model's
+    bf16 bytes per token), so a codec with half the bytes per token holds twice the
+    tokens; the engine turns it into bytes once the model's geometry is known."""
+    if isinstance(value, str):
+        m = _TOKENS.fullmatch(value)
+        if m:
+            tokens = int(m.group(1))
+            if tokens < 1:
+                raise ValueError(f"kv_memory={value!r} must be at least 1 token")
+            return None, tokens
+        if "token" in value.lower():
+            raise ValueError(f"kv_memory={value!r} is not a token budget (example: "
+                             "'3072 tokens')")
+    try:
+        return parse_size(value, "kv_memory"), None
+    except ValueError:
+        raise ValueError(f"kv_memory={value!r} is neither a byte size (256MiB, 2GB, "
+                         "1048576) nor a token budget ('3072 tokens')") from None
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV pool sizing: a byte budget or an explicit block count."""
+    """Paged KV pool sizing: a byte budget, a budget in the model's bf16 tokens
+    (``kv_memory_tokens``, turned into bytes by the engine) or an explicit block count."""
 
     block_size: int = 16
     kv_memory_bytes: int | None = 256 * 2**20
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_memory_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
@@ -105,7 +134,10 @@ class CacheConfig:
             raise ValueError(f"num_blocks={self.num_blocks!r} must be a positive integer")
         if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
             raise ValueError(f"kv_memory={self.kv_memory_bytes!r} bytes must be positive")
-        if self.num_blocks is None and self.kv_memory_bytes is None:
+        if self.kv_memory_tokens is not None and self.kv_memory_tokens <= 0:
+            raise ValueError(f"kv_memory={self.kv_memory_tokens!r} tokens must be positive")
+        if self.num_blocks is None and self.kv_memory_bytes is None \
+                and self.kv_memory_tokens is None:
             raise ValueError("give either kv_memory or num_blocks")
 
 
@@ -137,8 +169,59 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        check_dtype(self.dtype)
+
+
+def check_dtype(dtype: str) -> str:
+    """``dtype`` if it names a compute dtype of ``DTYPES``; ValueError naming it otherwise."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Every engine setting a user gives, in one place (as vLLM's ``EngineArgs``):
+    ``LLM(**kwargs)``, the bench's scenario ``engine:`` section and ``kvmap serve`` all
+    build one, and ``engine_config()`` turns it into the ``EngineConfig`` the engine runs.
+
+    ``kv_memory``: a byte size (``"256MiB"``) or a budget in the model's bf16 tokens
+    (``"3072 tokens"``); ``num_blocks`` overrides it (tests). ``device=None``: CUDA when
+    available, else the CPU; ``model=None``: the embedded SmolLM2-135M."""
+
+    model: str | None = None
+    dtype: str = "bf16"
+    kv: str = "bf16"
+    kv_memory: str | int = "256MiB"
+    num_blocks: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None
+    device: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if self.num_blocks is None:
+            parse_kv_memory(self.kv_memory)
+
+    def cache_config(self) -> CacheConfig:
+        if self.num_blocks:
+            return CacheConfig(self.block_size, None, self.num_blocks,
+                               self.enable_prefix_caching)
+        num_bytes, num_tokens = parse_kv_memory(self.kv_memory)
+        return CacheConfig(self.block_size, num_bytes, None, self.enable_prefix_caching,
+                           kv_memory_tokens=num_tokens)
+
+    def engine_config(self, device: str) -> EngineConfig:
+        """The engine's config on ``device`` (the caller resolves ``device=None``)."""
+        return EngineConfig(model=self.model or "smollm2", dtype=self.dtype, device=device,
+                            kv=self.kv, cache=self.cache_config(),
+                            scheduler=SchedulerConfig(self.max_num_seqs,
+                                                      self.max_num_batched_tokens),
+                            num_threads=self.num_threads, seed=self.seed)
 
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16",

@@ -27,6 +27,12 @@ def test_bench_quick_writes_a_complete_run(tmp_path_factory):
     # the run ends in its trade-off map, with a recommendation for the scenario's SLA
     assert result["report"] == str(out / "report.html")
     assert result["recommendation"]["objective"] == "throughput"
+    # the pool binds: int8 (half the bytes per token) runs more sequences at once than bf16
+    concurrency = {r["kv"]: r["metrics"]["concurrency_max"] for r in rows
+                   if r["workload"] == "throughput"}
+    assert concurrency["int8"] > concurrency["bf16"], concurrency
+    assert all(r["metrics"]["kv_budget_tokens_bf16"] == 1024 for r in rows
+               if r["workload"] == "throughput")
     # the checklist probes ran in every workload cell
     for r in rows:
         if r["kind"] == "workload":

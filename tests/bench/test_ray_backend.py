@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from kvmap.bench.command import register
 from kvmap.bench.runner import run_scenario
-from kvmap.bench.scenario import CellSpec, EngineSettings, ModelEntry, TaskEntry, load_scenario
+from kvmap.bench.scenario import CellSpec, ModelEntry, TaskEntry, load_scenario
+from kvmap.config import EngineArgs as EngineSettings
 from kvmap.bench.store import RunStore
 
 TASKS_PY = '''

@@ -227,3 +227,17 @@ def test_last_prefill_chunk_holds_the_observation_window():
         engine.step()
         chunks.append(req.num_computed_tokens - before)
     assert chunks == [16, 12, 6]        # not [16, 16, 2]
+
+
+def test_load_counters_see_a_full_pool():
+    """Six 24-token requests in a 12-block pool of 4-token blocks: at most two run at a
+    time, the others wait, and the engine counts the full-pool steps."""
+    from kvmap import LLM, SamplingParams
+    llm = LLM("dummy:tiny", kv="bf16", num_blocks=12, block_size=4)
+    llm.generate([list(range(3 + i, 23 + i)) for i in range(6)],
+                 SamplingParams(max_tokens=4, ignore_eos=True))
+    stats = llm.stats()
+    assert stats.max_num_running in (1, 2) and stats.max_num_waiting >= 4
+    assert stats.num_pool_full_steps > 0 and stats.num_steps > 0
+    assert 0 < stats.running_seq_s and stats.to_dict()["max_num_running"] == stats.max_num_running
+    assert llm.kv_usage()["num_pool_full_steps"] == stats.num_pool_full_steps

@@ -6,14 +6,15 @@ import pytest
 
 from kvmap.loadgen.prompts import load_tokenizer
 from kvmap.model.byte_tokenizer import ByteTokenizer
-from kvmap.server.engines import ServerEngineConfig, make_engine_factory
+from kvmap.config import EngineArgs
+from kvmap.server.engines import make_engine_factory
 
 TEXT = "The pass key is 84606. Ünïcödé → 東京 🚀\n"
 
 
 def test_server_and_loadgen_tokenize_a_dummy_model_alike():
-    engine, _ = make_engine_factory(ServerEngineConfig(model="dummy:tiny", dtype="fp32",
-                                                       num_blocks=8, device="cpu"), "bf16")
+    engine, _ = make_engine_factory(EngineArgs(model="dummy:tiny", dtype="fp32",
+                                               num_blocks=8, device="cpu"), "bf16")
     served, loadgen = engine.tokenizer, load_tokenizer("bytes")
     assert isinstance(served, ByteTokenizer) and isinstance(loadgen, ByteTokenizer)
     ids = served.encode(TEXT)

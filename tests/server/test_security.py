@@ -83,9 +83,10 @@ def test_kv_spec_is_shown_without_credentials():
     assert redact_url_userinfo("redis://:pw@h") == "redis://***@h"
     assert redact_url_userinfo("redis://h:6379") == "redis://h:6379"
     from kvmap.server.engine_loop import EngineLoop
-    from kvmap.server.engines import ServerEngineConfig, make_engine_factory
+    from kvmap.config import EngineArgs
+    from kvmap.server.engines import make_engine_factory
     from kvmap.server.metrics import ServerMetrics
-    first, factory = make_engine_factory(ServerEngineConfig(
+    first, factory = make_engine_factory(EngineArgs(
         model="dummy:tiny", dtype="fp32", num_blocks=64, block_size=4, device="cpu"), "fp32")
     metrics = ServerMetrics("tiny", 512)
     EngineLoop(factory, spec, metrics, first_engine=first)     # the label it sets

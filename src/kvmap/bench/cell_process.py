@@ -17,23 +17,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
-from kvmap.bench.cell import PROGRESS_PREFIX, RECORD_SCHEMA
-from kvmap.bench.scenario import CellSpec
+from kvmap.bench.cellspec import CellSpec
+from kvmap.bench.record import PROGRESS_PREFIX, CellRecord
 
 
 def failed_record(cell: CellSpec, error: str, duration_s: float) -> dict:
     """The record of a cell that produced none of its own (crash, timeout, lost worker)."""
-    return {"schema": RECORD_SCHEMA, "cell_id": cell.cell_id, "kind": cell.kind,
-            "model": cell.model.name, "dtype": cell.model.dtype, "kv": cell.kv,
-            "workload": cell.workload.name if cell.workload else None,
-            "task": cell.task.name if cell.task else None,
-            "params": cell.workload.options if cell.workload else cell.task.params,
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "status": "failed", "error": error, "warnings": [], "metrics": {},
-            "details": {}, "duration_s": duration_s}
+    return CellRecord.of_cell(cell, status="failed", error=error,
+                              duration_s=duration_s).to_dict()
 
 
 def child_env() -> dict:

@@ -56,8 +56,9 @@ def bench(
     run_dir = out or default_run_dir(parsed)
     cells = parsed.cells()
     err.print(f"scenario {parsed.name!r}: {len(cells)} cells "
-              f"({len(parsed.models)} model(s) x {len(parsed.kv)} KV configs x "
-              f"{len(parsed.workloads)} workloads + {len(parsed.tasks)} tasks) -> {run_dir}")
+              f"({len(parsed.models)} model(s), {len(parsed.all_kv())} KV configs, "
+              f"{len(parsed.workloads)} workload levels, {len(parsed.tasks)} tasks) "
+              f"-> {run_dir}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address)

@@ -65,7 +65,7 @@ def uses_gpu(cell: CellSpec, cluster_has_gpu: bool) -> bool:
 def memory_estimate(cell: CellSpec, gpu: bool) -> int | None:
     """Host bytes a cell needs: a process, its weights, and (on CPU) its KV pool; None
     when the model's shape cannot be read here."""
-    from kvmap.bench.scenario import model_config_of
+    from kvmap.model.loader import model_config_of
     from kvmap.config import parse_size
     try:
         config = model_config_of(cell.model.name, cell.model.dtype)

@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from kvmap.config import DTYPES, EngineConfig
+from kvmap.config import DTYPES, EngineConfig, ModelConfig
 from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
@@ -27,6 +27,7 @@ from kvmap.kv.tiers.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
+from kvmap.engine.stats import EngineStats, LoadCounters, TierUsage
 from kvmap.engine.scheduler import Scheduler
 from kvmap.engine.stop_strings import stop_in_tail
 from kvmap.model.llama import LlamaModel
@@ -34,6 +35,11 @@ from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
 
 
 MAX_PAGE_FAULTS = 3      # lost pages after which a request is aborted, not recomputed
+
+
+def bf16_bytes_per_token(config: ModelConfig) -> int:
+    """K and V of one token in bf16, all layers: the unit of a token budget."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
 
 
 class Engine:
@@ -59,7 +65,7 @@ class Engine:
         codec = self.kv_config.codec
         codec.validate_geometry(self.geom)
         num_blocks = cc.num_blocks or num_blocks_for_budget(
-            codec, self.geom, cc.kv_memory_bytes, self.dtype)
+            codec, self.geom, self.kv_budget_bytes(), self.dtype)
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
         use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
@@ -74,10 +80,19 @@ class Engine:
             if self.policy is not None else None
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0      # tokens computed in prefill chunks, all steps
+        self.load = LoadCounters()
         self._ids = itertools.count()
         self.eos_token_ids = set(loaded.config.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
+
+    def kv_budget_bytes(self) -> int:
+        """The pool's byte budget: ``kv_memory`` bytes, or a token budget times the
+        model's own bf16 bytes per token (the same bytes for every KV configuration)."""
+        cc = self.config.cache
+        if cc.kv_memory_tokens is None:
+            return cc.kv_memory_bytes
+        return cc.kv_memory_tokens * bf16_bytes_per_token(self.model_config)
 
     def _make_store(self, salt: bytes | None) -> TieredStore | None:
         """The tiers below the pool, if the KV spec has ``tiers(...)``. Blocks are kept
@@ -157,8 +172,17 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One iteration. Returns requests that got a token or finished in this step."""
+        step_start_s = time.perf_counter()
         batch = self.scheduler.schedule()
+        num_running, num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         touched: list[Request] = []
+        try:
+            return self._step(batch, touched)
+        finally:
+            self.load.observe(num_running, num_waiting, time.perf_counter() - step_start_s,
+                              batch.pool_full)
+
+    def _step(self, batch, touched: list[Request]) -> list[Request]:
         for req in batch.unfittable:
             self._finish(req, RequestStatus.FINISHED_LENGTH)
             touched.append(req)
@@ -181,6 +205,11 @@ class Engine:
             else:
                 self.scheduler.preempt(req)
             return touched
+        except Exception as e:
+            # tells a caller that isolates faults (the server) that this one came out of
+            # the forward pass over ``batch``, not out of the engine's own bookkeeping
+            e.in_forward_pass = True
+            raise
         self.num_prefill_tokens += batch.num_tokens - out.meta.num_decode
         if self.store is not None:     # the cost model learns the compute rate
             self.store.cost.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
@@ -286,20 +315,29 @@ class Engine:
         return self.requests.pop(request_id).to_output()
 
     # ---- reporting -------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        usage, sched, pool, load = self.kv.usage(), self.scheduler, self.kv.pool, self.load
+        tiers = self.store.usage() if self.store is not None else {}
+        pr = self.policy_runner
+        return EngineStats(
+            resident_bytes=usage.resident_bytes, capacity_bytes=usage.capacity_bytes,
+            num_blocks_used=usage.num_blocks_used, num_blocks_total=usage.num_blocks_total,
+            bytes_per_block=usage.bytes_per_block, block_size=self.kv.block_size,
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=pool.num_prefix_queries,
+            prefix_cache_hits=pool.num_prefix_hits,
+            max_num_running=load.max_num_running, max_num_waiting=load.max_num_waiting,
+            running_seq_s=load.running_seq_s, waiting_seq_s=load.waiting_seq_s,
+            num_steps=load.num_steps, num_pool_full_steps=load.num_pool_full_steps,
+            tiers={name: TierUsage.from_dict(t) for name, t in tiers.items()},
+            tier_store=self.store.as_dict() if self.store is not None else None,
+            num_compressions=pr.num_compressions if pr is not None else None,
+            num_evicted_tokens=pr.num_evicted_tokens if pr is not None else None)
+
     def kv_usage(self) -> dict:
-        usage = self.kv.usage().to_dict()
-        usage["num_running"] = len(self.scheduler.running)
-        usage["num_waiting"] = len(self.scheduler.waiting)
-        usage["num_preemptions"] = self.scheduler.num_preemptions
-        usage["prefix_cache_queries"] = self.kv.pool.num_prefix_queries
-        usage["prefix_cache_hits"] = self.kv.pool.num_prefix_hits
-        if self.store is not None:
-            usage["tiers"] = self.store.usage()
-            usage["tier_store"] = self.store.as_dict()
-        if self.policy_runner is not None:
-            usage["num_compressions"] = self.policy_runner.num_compressions
-            usage["num_evicted_tokens"] = self.policy_runner.num_evicted_tokens
-        return usage
+        """``stats().to_dict()``: the JSON form (``LLM.kv_usage()``, the server)."""
+        return self.stats().to_dict()
 
     def check_integrity(self) -> None:
         live = [r.block_ids for r in self.requests.values() if r.block_ids]

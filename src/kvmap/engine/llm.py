@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvmap.config import DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_size
+from kvmap.config import DTYPES, EngineArgs
 from kvmap.engine.engine import Engine
 from kvmap.kv.config import KVConfig
 from kvmap.request import RequestOutput, SamplingParams
@@ -25,26 +25,33 @@ class LLM:
                  num_blocks: int | None = None, device: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, num_threads: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, *, args: EngineArgs | None = None):
+        """Keyword arguments are those of ``kvmap.config.EngineArgs`` (``kv_memory`` may
+        be a byte size or ``"N tokens"`` of the model's bf16 KV); ``args`` gives them
+        as one ``EngineArgs`` instead."""
+        if args is None:
+            args = EngineArgs(model=model, dtype=dtype, kv=kv,
+                              kv_memory=kv_memory if kv_memory is not None else "256MiB",
+                              num_blocks=num_blocks, block_size=block_size,
+                              max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              enable_prefix_caching=enable_prefix_caching,
+                              num_threads=num_threads, device=device, seed=seed)
         from kvmap.model.loader import load_model   # heavy imports only when used
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
-        kv_config = KVConfig.parse(kv)            # bad specs fail before loading weights
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if num_threads:
-            torch.set_num_threads(num_threads)
-        cache = CacheConfig(block_size=block_size,
-                            kv_memory_bytes=None if num_blocks else parse_size(kv_memory,
-                                                                               "kv_memory"),
-                            num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching)
-        config = EngineConfig(model=model or "smollm2", dtype=dtype, device=device, kv=kv,
-                              cache=cache,
-                              scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens),
-                              num_threads=num_threads, seed=seed)
-        loaded = load_model(model, getattr(torch, DTYPES[dtype]), device)
+        kv_config = KVConfig.parse(args.kv)       # bad specs fail before loading weights
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        config = args.engine_config(device)
+        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), device)
         self.engine = Engine(config, loaded, kv_config)
         self.tokenizer = self.engine.tokenizer
         self.config = config
+        self.args = args
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> LLM:
+        return cls(args=args)
 
     @property
     def model_config(self):
@@ -97,4 +104,9 @@ class LLM:
         return self.generate(prompts, params)
 
     def kv_usage(self) -> dict:
+        """``Engine.stats().to_dict()``: pool bytes and blocks, queues, counters, tiers."""
         return self.engine.kv_usage()
+
+    def stats(self):
+        """The engine's typed ``EngineStats``."""
+        return self.engine.stats()

@@ -35,6 +35,8 @@ class ScheduledBatch:
     # (request, number of new tokens to compute this step), decodes first
     items: list[tuple[Request, int]] = field(default_factory=list)
     num_preempted: int = 0
+    # a waiting request was not admitted, or a running one preempted, for lack of blocks
+    pool_full: bool = False
     # requests that can never fit the pool, to be finished by the engine
     unfittable: list[Request] = field(default_factory=list)
 
@@ -109,6 +111,7 @@ class Scheduler:
                 budget -= num_new
         if batch.num_preempted == 0:
             self._admit_waiting(batch, budget)
+        batch.pool_full = batch.pool_full or batch.num_preempted > 0
         # a lone request that cannot grow even with the whole pool is unfittable
         if not batch.items and not self.running and self.waiting and self.pool.num_free == \
                 self.pool.num_blocks:
@@ -138,6 +141,7 @@ class Scheduler:
             num_new = self._num_new_tokens(req, budget)
             if num_new == 0 or not (self._allocate_slots(req, num_new) or (
                     self._page_out(req, num_new) and self._allocate_slots(req, num_new))):
+                batch.pool_full = num_new > 0
                 self._release_cached_prefix(req)
                 break
             self.waiting.popleft()

@@ -15,7 +15,7 @@ from kvmap.kv.pool import BlockPool
 from kvmap.kv.spec import KVGeometry
 
 
-@dataclass
+@dataclass(frozen=True)
 class KVUsage:
     resident_bytes: int          # bytes of blocks in use, all layers, scales included
     capacity_bytes: int          # bytes of the whole pool

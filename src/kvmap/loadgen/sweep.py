@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from kvmap.bench.cell import RECORD_SCHEMA
+from kvmap.bench.record import CellRecord
 from kvmap.bench.store import RunStore
 from kvmap.loadgen import prompts
 from kvmap.loadgen.client import Endpoint
@@ -117,16 +117,16 @@ def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: i
     if phase is not None:
         p = level.phases[phase]
         params.update(phase=phase, rate_per_s=p.rate_per_s, phase_duration_s=p.duration_s)
-    return {"schema": RECORD_SCHEMA, "cell_id": cid, "kind": "loadgen",
-            "model": scenario.model, "dtype": None, "kv": kv,
-            "workload": cell_workload(scenario, level, phase), "task": None,
-            "params": {**params, "workload": scenario.workload_name},
-            "started_at": started_at, "status": "failed" if failed else "ok",
-            "error": ("no request completed: " + "; ".join(metrics["first_errors"][:2]))
-            if failed else None,
-            "warnings": [], "metrics": metrics, "details": details, "duration_s": duration_s,
-            "env": {"load_avg_1m_start": load_start, "load_avg_1m_end": _load_avg(),
-                    "num_cpus": os.cpu_count()}}
+    return CellRecord(
+        cell_id=cid, kind="loadgen", model=scenario.model, dtype=None, kv=kv,
+        workload=cell_workload(scenario, level, phase), task=None,
+        params={**params, "workload": scenario.workload_name}, started_at=started_at,
+        status="failed" if failed else "ok",
+        error=("no request completed: " + "; ".join(metrics["first_errors"][:2]))
+        if failed else None,
+        metrics=metrics, details=details, duration_s=duration_s,
+        env={"load_avg_1m_start": load_start, "load_avg_1m_end": _load_avg(),
+             "num_cpus": os.cpu_count()}).to_dict()
 
 
 async def _warm_up(session, endpoint: Endpoint, request, num: int) -> None:

@@ -1,4 +1,6 @@
-"""Random weights for a catalogued shape: ``dummy:llama-3-8b`` or ``dummy:llama-3-8b?layers=2``.
+"""Random weights for a catalogued shape: ``dummy:llama-3-8b``, ``dummy:llama-3-8b?layers=2``
+or ``dummy:llama-3-8b?layers=4&vocab=4096`` (a cut vocabulary keeps the output head from
+hiding the attention's share of the time and memory).
 
 Dummy models measure memory and speed at a real model's geometry without its weights;
 their outputs mean nothing. Contract of ``dummy_weights``:
@@ -26,7 +28,7 @@ import zlib
 import torch
 
 from kvmap.config import ModelConfig
-from kvmap.model.shapes import get_shape, weight_shapes, with_layers
+from kvmap.model.shapes import get_shape, weight_shapes, with_layers, with_vocab
 
 DUMMY_PREFIX = "dummy:"
 WEIGHT_STD = 0.02
@@ -34,7 +36,8 @@ _POOL_SIZE = 1 << 20          # distinct row offsets; rows repeat a window of th
 
 
 def parse_dummy_spec(spec: str, num_layers: int | None = None) -> ModelConfig:
-    """``"dummy:<shape>[?layers=N]"`` (prefix optional) -> the shape, with ``num_layers`` applied.
+    """``"dummy:<shape>[?layers=N][&vocab=V]"`` (prefix optional) -> the shape, with
+    ``num_layers`` applied.
 
     A ``num_layers`` argument overrides the one in the string.
     """
@@ -43,9 +46,11 @@ def parse_dummy_spec(spec: str, num_layers: int | None = None) -> ModelConfig:
     config = get_shape(name)
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
-        if key != "layers" or not value.isdigit():
-            raise ValueError(f"dummy model option {item!r} in {spec!r} is not 'layers=<int>'")
-        config = with_layers(config, int(value))
+        if key not in ("layers", "vocab") or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"dummy model option {item!r} in {spec!r} is not "
+                             "'layers=<int>' or 'vocab=<int>'")
+        config = with_layers(config, int(value)) if key == "layers" else \
+            with_vocab(config, int(value))
     if num_layers is not None:
         config = with_layers(config, num_layers)
     return config

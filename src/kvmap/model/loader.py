@@ -6,7 +6,8 @@ Accepted names::
     "path/to/model.gguf"         a llama GGUF (dequantized once, then read from the cache)
     "path/to/dir"                a HF directory (config.json + *.safetensors), or a
                                  directory holding exactly one .gguf
-    "dummy:llama-3-8b[?layers=2]" random weights of a catalogued shape (shapes.py)
+    "dummy:llama-3-8b[?layers=2]" random weights of a catalogued shape (shapes.py);
+    "dummy:llama-3-8b?layers=4&vocab=4096"   ... with fewer layers and a cut vocabulary
 
 Weights come back in Hugging Face names (``shapes.weight_shapes``), in ``dtype``, on
 ``device``.
@@ -14,6 +15,7 @@ Weights come back in Hugging Face names (``shapes.weight_shapes``), in ``dtype``
 from __future__ import annotations
 
 import importlib.util
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ import torch
 
 from kvmap.config import DTYPES, ModelConfig
 from kvmap.model import weights_cache
-from kvmap.model.dummy import DUMMY_PREFIX, load_dummy
+from kvmap.model.dummy import DUMMY_PREFIX, load_dummy, parse_dummy_spec
 from kvmap.model.gguf_loader import load_gguf
 from kvmap.model.hf_loader import is_hf_dir, load_hf_dir
 from kvmap.model.shapes import SHAPES, ALIASES
@@ -84,22 +86,33 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     none of the accepted forms, raises ValueError naming it.
     """
     dtype = resolve_dtype(dtype)
-    if model is None or model.strip().lower() == DEFAULT_MODEL:
-        return _load_gguf_cached(embedded_model_path(), dtype, device, use_cache)
-    if model.lower().startswith(DUMMY_PREFIX):
+    kind, path = resolve_model(model)
+    if kind == "dummy":
         config, weights = load_dummy(model, dtype, device, num_layers=num_layers, seed=seed)
         return LoadedModel(config, weights, None, f"{DUMMY_PREFIX}{config.name}", "dummy")
+    if kind == "hf":
+        hf = load_hf_dir(path, dtype, device)
+        return LoadedModel(hf.config, hf.weights, hf.tokenizer, path.name, "safetensors")
+    return _load_gguf_cached(path, dtype, device, use_cache)
 
+
+def resolve_model(model: str | None) -> tuple[str, Path | None]:
+    """The one dispatch from a model name: ``("dummy", None)``, ``("hf", directory)`` or
+    ``("gguf", file)`` (the embedded model is a GGUF). ValueError naming ``model`` for a
+    path that does not exist or a name that is none of the accepted forms."""
+    if model is None or model.strip().lower() == DEFAULT_MODEL:
+        return "gguf", embedded_model_path()
+    if model.lower().startswith(DUMMY_PREFIX):
+        return "dummy", None
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _load_gguf_cached(path, dtype, device, use_cache)
+        return "gguf", path
     if path.is_dir():
         if is_hf_dir(path):
-            hf = load_hf_dir(path, dtype, device)
-            return LoadedModel(hf.config, hf.weights, hf.tokenizer, path.name, "safetensors")
+            return "hf", path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf_cached(ggufs[0], dtype, device, use_cache)
+            return "gguf", ggufs[0]
         raise ValueError(f"directory {model!r} has no config.json and "
                          f"{len(ggufs)} .gguf files (need exactly one)")
     if path.exists():
@@ -108,6 +121,27 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
             if model.lower() in SHAPES or model.lower() in ALIASES else "")
     raise ValueError(f"model {model!r} is not an existing path, {DEFAULT_MODEL!r} or "
                      f"'dummy:<shape>'{hint}")
+
+
+def model_config_of(model: str | None, dtype: str = "bf16") -> ModelConfig:
+    """The ``ModelConfig`` of ``model`` read without loading its weights (the dummy
+    shape, ``config.json``, the weights cache or the GGUF header). ValueError for a
+    missing model."""
+    kind, path = resolve_model(model)
+    if kind == "dummy":
+        return parse_dummy_spec(model)
+    if kind == "hf":
+        from kvmap.model.hf_loader import config_from_hf
+        return config_from_hf(json.loads((path / "config.json").read_text()), path.name)
+    cached = weights_cache.cache_entry(path, resolve_dtype(dtype)) / "config.json"
+    if cached.is_file():
+        fields = json.loads(cached.read_text())
+        fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+        return ModelConfig(**fields)
+    from kvmap.model.gguf_loader import config_from_metadata, open_gguf, read_metadata
+    reader = open_gguf(path)
+    shapes = {t.name: tuple(int(s) for s in reversed(t.shape)) for t in reader.tensors}
+    return config_from_metadata(read_metadata(reader), shapes, path.stem)
 
 
 def _load_gguf_cached(path: Path, dtype: torch.dtype, device: torch.device | str,

@@ -109,6 +109,23 @@ def with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
                                num_layers=num_layers)
 
 
+def with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:
+    """``config`` with a vocabulary of ``vocab_size`` tokens (special token ids outside it
+    dropped); the name records the override. A dummy model's cut vocabulary keeps the
+    output head from hiding the KV cache's effects on time and memory."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= 0:
+        raise ValueError(f"vocab_size={vocab_size!r} must be a positive integer")
+    if vocab_size == config.vocab_size:
+        return config
+    sep = "&" if "?" in config.name else "?"
+    bos = config.bos_token_id if config.bos_token_id is not None \
+        and config.bos_token_id < vocab_size else None
+    return dataclasses.replace(config, name=f"{config.name}{sep}vocab={vocab_size}",
+                               vocab_size=vocab_size, bos_token_id=bos,
+                               eos_token_ids=tuple(t for t in config.eos_token_ids
+                                                   if t < vocab_size))
+
+
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face name -> tensor shape for every weight a model of this shape has.
 

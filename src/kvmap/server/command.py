@@ -36,11 +36,11 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
     ``$KVMAP_API_KEY``): required as a Bearer token on every route but /health."""
     import torch
 
-    from kvmap.config import parse_size
+    from kvmap.config import EngineArgs
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
     from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
-    from kvmap.server.engines import ServerEngineConfig, check_kv_specs, make_engine_factory
+    from kvmap.server.engines import check_kv_specs, make_engine_factory
     from kvmap.server.metrics import ServerMetrics
 
     if device is None and not torch.cuda.is_available():
@@ -54,14 +54,15 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
                           max_prompt_chars=max_prompt_chars,
                           request_timeout_s=request_timeout_s)
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
-    config = ServerEngineConfig(model=model, dtype=dtype, kv_memory=kv_memory,
-                                num_blocks=num_blocks, block_size=block_size,
-                                max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens,
-                                device=device, seed=seed)
+    if max_tokens_limit is not None and max_tokens_limit < 1:
+        raise ValueError(f"max_tokens_limit={max_tokens_limit} must be >= 1")
+    config = EngineArgs(model=model, dtype=dtype, kv_memory=kv_memory,
+                        num_blocks=num_blocks, block_size=block_size,
+                        max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_batched_tokens,
+                        device=device, seed=seed)
     if policy is not None:              # the starting level's own batch limits, if any
         config = replace(config, **policy.levels[0].scheduler_overrides())
-    parse_size(kv_memory, "kv_memory")
     first, factory = make_engine_factory(config, kv)
     if policy is not None:
         check_kv_specs(first, [level.kv for level in policy.levels])
@@ -94,7 +95,8 @@ def register(app: typer.Typer) -> None:
                                                 "more get 503."),
         adaptive: Optional[str] = typer.Option(None, help="Adaptive KV policy file (YAML)"),
         dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
-        kv_memory: str = typer.Option("256MiB", help="KV pool byte budget per engine"),
+        kv_memory: str = typer.Option("256MiB", help="KV pool budget per engine: bytes "
+                                     "(256MiB) or the model's bf16 tokens ('3072 tokens')"),
         max_num_seqs: int = typer.Option(64, help="Running sequences at once"),
         max_num_batched_tokens: int = typer.Option(512, help="Token budget of one step"),
         served_model_name: Optional[str] = typer.Option(None, help="Name in /v1/models "

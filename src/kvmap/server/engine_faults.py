@@ -16,7 +16,6 @@ A step that raises leaves one of two states behind:
 """
 from __future__ import annotations
 
-import linecache
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -66,18 +65,9 @@ def classify(engine: Engine, error: BaseException, recorder: BatchRecorder) -> S
 
 
 def _in_forward_pass(error: BaseException) -> bool:
-    """Whether ``Engine.step`` was inside its ``self.runner.run(...)`` call when
-    ``error`` went through it (read from the traceback: the step frame's line), so a
-    patched or wrapped runner counts as the runner too."""
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "step" \
-                and frame.f_globals.get("__name__") == "kvmap.engine.engine":
-            line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
-            return "runner.run(" in line
-        tb = tb.tb_next
-    return False
+    """Whether ``error`` came out of ``Engine.step``'s forward pass (the engine marks it
+    ``in_forward_pass``), so that failing only the batch's requests is safe."""
+    return bool(getattr(error, "in_forward_pass", False))
 
 
 class RestartBudget:

@@ -37,13 +37,13 @@ from typing import Any
 
 import yaml
 
-from kvmap.bench.scenario import WORKLOAD_KEYS, workload_spec
 from kvmap.config import parse_size
 from kvmap.kv.config import KVConfig
 from kvmap.plan.catalogue import get_model
 from kvmap.plan.sim.config import EVICTIONS, PREFETCH_MODES, EngineSettings, SimConfig
 from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, Tier, gpu_hardware
 from kvmap.plan.weights import WEIGHT_FORMATS
+from kvmap.workloads.options import WORKLOAD_KEYS, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "model", "weights", "hardware", "tiers", "kv",
             "eviction", "prefetch", "engine", "workload", "variants"}

@@ -1,0 +1,185 @@
+"""What a scenario is, once parsed: frozen ``Scenario`` -> the list of ``CellSpec`` to run.
+
+A cell is a model and a KV configuration on one workload load level or one accuracy
+task. ``CellSpec`` travels to the cell's process as JSON (``to_dict`` / ``from_dict``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from kvmap.config import EngineArgs
+from kvmap.model.dummy import DUMMY_PREFIX
+from kvmap.workloads.options import workload_spec
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message lists every problem found."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str                       # "smollm2", a .gguf path, a HF directory, "dummy:<shape>"
+    dtype: str = "bf16"
+
+    @property
+    def is_dummy(self) -> bool:
+        """Random weights: speed and memory only, its accuracy is not applicable."""
+        return self.name.lower().startswith(DUMMY_PREFIX)
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """One load level of a named workload: ``options`` are the validated YAML keys of
+    that level (paths made absolute); ``load`` the level (``Load.to_dict``) when the
+    workload is a sweep; ``kv``, ``kv_memory`` and ``models`` the workload's own KV list,
+    pool budget and models when it names them (else the scenario's).
+
+    ``spec(seed)`` rebuilds the ``WorkloadSpec`` (in the cell's process too)."""
+
+    name: str
+    options: dict
+    load: dict | None = None
+    kv: tuple[str, ...] | None = None
+    kv_memory: str | int | None = None
+    models: tuple[str, ...] | None = None      # the scenario's models this one runs on
+
+    def spec(self, seed: int = 0):
+        return workload_spec(self.name, self.options, seed)
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """An accuracy task: ``task`` is a registered name or ``module:function``."""
+
+    name: str
+    task: str
+    params: dict = field(default_factory=dict)
+
+    @property
+    def is_accuracy_task(self) -> bool:
+        """An evals task (by name), as opposed to a user's ``module:function``."""
+        return ":" not in self.task
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell: a model and a KV configuration on one workload or one task.
+
+    ``cell_id`` is a readable slug plus a hash of everything that defines the cell, so a
+    resumed run recognises finished cells and never reuses a result of a changed cell.
+    """
+
+    cell_id: str
+    model: ModelEntry
+    kv: str
+    engine: EngineArgs
+    seed: int
+    workload: WorkloadEntry | None = None
+    task: TaskEntry | None = None
+    slo: dict | None = None
+    timeout_s: float | None = None
+
+    @property
+    def job(self) -> str:
+        if self.workload is None:
+            return self.task.name
+        load = self.workload.load
+        return self.workload.name if load is None else f"{self.workload.name}@{load['label']}"
+
+    @property
+    def kind(self) -> str:
+        return "workload" if self.workload is not None else "task"
+
+    def engine_args(self, kv: str | None = None) -> EngineArgs:
+        """The engine of this cell (``kv``: another KV spec on the same engine)."""
+        model = None if self.model.name.lower() == "smollm2" else self.model.name
+        return replace(self.engine, model=model, dtype=self.model.dtype,
+                       kv=kv or self.kv, seed=self.seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellSpec:
+        data = dict(data)
+        data["model"] = ModelEntry(**data["model"])
+        data["engine"] = EngineArgs(**data["engine"])
+        if data.get("workload") is not None:
+            w = dict(data["workload"])
+            for key in ("kv", "models"):
+                w[key] = tuple(w[key]) if w.get(key) is not None else None
+            data["workload"] = WorkloadEntry(**w)
+        if data.get("task") is not None:
+            data["task"] = TaskEntry(**data["task"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    source: str                     # the file it came from, or "builtin:<name>"
+    seed: int
+    models: tuple[ModelEntry, ...]
+    kv: tuple[str, ...]
+    workloads: tuple[WorkloadEntry, ...]     # one entry per load level
+    tasks: tuple[TaskEntry, ...] = ()
+    slo: dict | None = None
+    engine: EngineArgs = EngineArgs()
+    cell_timeout_s: float | None = None
+    description: str = ""
+    notes: tuple[str, ...] = ()     # what was skipped (skip_unavailable) and why
+
+    def all_kv(self) -> list[str]:
+        """The scenario's KV specs, then those only some workloads name, in order."""
+        specs = list(self.kv)
+        for w in self.workloads:
+            specs += [s for s in (w.kv or ()) if s not in specs]
+        return specs
+
+    def cells(self) -> list[CellSpec]:
+        """Every cell, model by model, then KV config by KV config, workloads first (a
+        workload with its own ``kv`` list only for those; a dummy model on no evals
+        task: random weights have no accuracy)."""
+        cells = []
+        for model in self.models:
+            for kv in self.all_kv():
+                for w in self.workloads:
+                    if kv not in (w.kv or self.kv) or (w.models is not None
+                                                       and model.name not in w.models):
+                        continue
+                    engine = self.engine if w.kv_memory is None else \
+                        replace(self.engine, kv_memory=w.kv_memory)
+                    cells.append(self._cell(model, kv, engine, workload=w, slo=self.slo))
+                if kv not in self.kv:
+                    continue
+                for t in self.tasks:
+                    if not (model.is_dummy and t.is_accuracy_task):
+                        cells.append(self._cell(model, kv, self.engine, task=t))
+        return cells
+
+    def _cell(self, model: ModelEntry, kv: str, engine: EngineArgs, **job) -> CellSpec:
+        cell = CellSpec("", model, kv, engine, self.seed, timeout_s=self.cell_timeout_s,
+                        **job)
+        return replace(cell, cell_id=_cell_id(cell))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        """A hash of what the run computes (not the file's name, notes, description or
+        cell timeout), so a resumed run may change those."""
+        data = {k: v for k, v in self.to_dict().items()
+                if k not in ("source", "notes", "description", "cell_timeout_s")}
+        return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cell_id(cell: CellSpec) -> str:
+    data = {k: v for k, v in cell.to_dict().items() if k not in ("cell_id", "timeout_s")}
+    digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    model = Path(cell.model.name).stem if "/" in cell.model.name else cell.model.name
+    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{model}_{cell.job}_{cell.kv}").strip("-")
+    return f"{slug[:80]}_{digest}"

@@ -1,0 +1,337 @@
+"""Scenario mapping (as loaded from YAML) -> a validated ``Scenario``, every problem at once.
+
+Each section has its parser; each records problems with the key they are about
+(``workloads[1] (chat).prompt_len``) and carries on, so one run of ``kvmap bench``
+lists everything wrong with a file before any cell runs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvmap.bench.cellspec import (ModelEntry, Scenario, ScenarioError, TaskEntry,
+                                  WorkloadEntry)
+from kvmap.bench.scenario_checks import check_models
+from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
+from kvmap.metrics import normalize_slo, parse_slo
+from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
+
+TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
+            "slo", "cell_timeout_s", "skip_unavailable"}
+MODEL_KEYS = {"name", "dtype"}
+ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "num_threads", "device"}
+# the bench's own workload keys beside the workload's: its KV list, pool budget, models
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
+TASK_KEYS = {"name", "task", "params"}
+TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
+
+
+class Problems:
+    """Collects every problem with the key it is about, then raises them together."""
+
+    def __init__(self, source: str):
+        self.source, self.items = source, []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{where}: {message}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            lines = "\n".join(f"  - {item}" for item in self.items)
+            raise ScenarioError(f"scenario {self.source}: {len(self.items)} problem(s), "
+                                f"nothing was run:\n{lines}")
+
+
+def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None
+                   ) -> Scenario:
+    """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems."""
+    base_dir = base_dir or Path.cwd()
+    problems, notes = Problems(source), []
+    _unknown_keys(data, TOP_KEYS, "", problems)
+    skip = data.get("skip_unavailable", False)
+    if not isinstance(skip, bool):
+        problems.add("skip_unavailable", f"{skip!r} must be true or false")
+        skip = False
+    seed = data.get("seed", 0)
+    if not _is_int(seed) or seed < 0:
+        problems.add("seed", f"{seed!r} must be an integer >= 0")
+        seed = 0
+    timeout_s = data.get("cell_timeout_s")
+    if timeout_s is not None and (not isinstance(timeout_s, (int, float))
+                                  or isinstance(timeout_s, bool) or timeout_s <= 0):
+        problems.add("cell_timeout_s", f"{timeout_s!r} must be a number of seconds > 0")
+        timeout_s = None
+    models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir)
+    engine = _parse_engine(data.get("engine") or {}, problems)
+    kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
+    workloads = _parse_workloads(data.get("workloads") or [], problems, notes, skip,
+                                 base_dir, seed)
+    workloads = _check_workload_models(workloads, models, problems)
+    tasks = _parse_tasks(data.get("tasks") or [], problems, notes, skip, base_dir)
+    slo = _parse_slo(data.get("slo"), problems)
+    if not workloads and not tasks:
+        problems.add("workloads", "the scenario has no workloads and no tasks")
+    check_models(models, kv, engine, workloads, tasks, problems, seed)
+    problems.raise_if_any()
+    if any(t.is_accuracy_task for t in tasks):
+        notes += [f"model {m.name!r} has random weights: its accuracy tasks are not run "
+                  "(n/a)" for m in models if m.is_dummy]
+    name = data.get("name") or (Path(source).stem if not source.startswith("builtin:")
+                                else source[8:])
+    return Scenario(name=str(name), source=source, seed=seed, models=tuple(models),
+                    kv=tuple(kv), workloads=tuple(workloads), tasks=tuple(tasks), slo=slo,
+                    engine=engine, cell_timeout_s=timeout_s,
+                    description=str(data.get("description") or ""), notes=tuple(notes))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unknown_keys(mapping: dict, allowed: set[str], where: str, problems: Problems) -> None:
+    for key in mapping:
+        if key not in allowed:
+            problems.add(f"{where}{key}" if not where else f"{where}.{key}",
+                         f"unknown key {key!r}; valid keys: {', '.join(sorted(allowed))}")
+
+
+def _parse_models(raw: Any, problems: Problems, base_dir: Path) -> list[ModelEntry]:
+    if isinstance(raw, (str, dict)):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        problems.add("models", f"{raw!r} must be a non-empty list of model names")
+        return []
+    models = []
+    for i, item in enumerate(raw):
+        where = f"models[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            problems.add(where, f"{item!r} must be a model name or {{name, dtype}}")
+            continue
+        _unknown_keys(item, MODEL_KEYS, where, problems)
+        dtype = item.get("dtype", "bf16")
+        if dtype not in DTYPES:
+            problems.add(f"{where}.dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
+            continue
+        name = item["name"]
+        if not name.lower().startswith("dummy:") and name.lower() != "smollm2" \
+                and not Path(name).is_absolute():
+            candidate = (base_dir / name).expanduser()
+            name = str(candidate) if candidate.exists() else name
+        models.append(ModelEntry(name, dtype))
+    return models
+
+
+def _parse_engine(raw: Any, problems: Problems) -> EngineArgs:
+    if not isinstance(raw, dict):
+        problems.add("engine", f"{raw!r} must be a mapping")
+        return EngineArgs()
+    _unknown_keys(raw, ENGINE_KEYS, "engine", problems)
+    fields = {k: v for k, v in raw.items() if k in ENGINE_KEYS}
+    try:
+        parse_kv_memory(fields.get("kv_memory", "256MiB"))
+    except ValueError as e:
+        problems.add("engine.kv_memory", str(e))
+        fields.pop("kv_memory")
+    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        value = fields.get(key, 1)
+        if not _is_int(value) or value < 1:
+            problems.add(f"engine.{key}", f"{value!r} must be an integer >= 1")
+            fields.pop(key)
+    threads = fields.get("num_threads")
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        problems.add("engine.num_threads", f"{threads!r} must be an integer >= 1")
+        fields.pop("num_threads")
+    if not isinstance(fields.get("enable_prefix_caching", True), bool):
+        problems.add("engine.enable_prefix_caching",
+                     f"{fields.pop('enable_prefix_caching')!r} must be true or false")
+    return EngineArgs(**fields)
+
+
+def parse_kv(raw: Any, section: str, problems: Problems, notes: list[str], skip: bool
+             ) -> list[str]:
+    """A list of KV spec strings (``section`` names it in problems)."""
+    from kvmap.kv import grammar
+    from kvmap.kv.config import KVConfig, valid_names
+    if raw is None:
+        raw = ["bf16"]
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        problems.add(section, f"{raw!r} must be a non-empty list of KV spec strings")
+        return []
+    specs, known = [], set(valid_names())
+    for i, spec in enumerate(raw):
+        where = f"{section}[{i}]"
+        if not isinstance(spec, str):
+            problems.add(where, f"{spec!r} must be a KV spec string such as 'int8'")
+            continue
+        try:
+            missing = [p.name for p in grammar.parse(spec) if p.name not in known]
+            if missing and skip:
+                notes.append(f"skipped KV spec {spec!r}: {', '.join(missing)} not "
+                             "registered yet")
+                continue
+            KVConfig.parse(spec)
+        except ValueError as e:
+            problems.add(where, str(e))
+            continue
+        if spec.strip() in specs:
+            problems.add(where, f"KV spec {spec!r} is listed twice")
+            continue
+        specs.append(spec.strip())
+    if not specs and not problems.items:
+        problems.add(section, "no KV spec is available")
+    return specs
+
+
+def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set[str],
+                   problems: Problems):
+    """Walk a list section of named entries (a bare name or a mapping with a 'name'),
+    recording the problems shared by all such sections; yields (name, mapping, where)."""
+    if not isinstance(raw, list):
+        problems.add(section, f"{raw!r} must be a list of {section}")
+        return
+    names: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"{section}[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) \
+                or not item["name"].strip():
+            problems.add(where, f"{item!r} must be {short_form} or a mapping with a 'name'")
+            continue
+        name = item["name"].strip()
+        where = f"{section}[{i}] ({name})"
+        _unknown_keys(item, keys, where, problems)
+        if name in names:
+            problems.add(where, f"{noun} name {name!r} is used twice")
+            continue
+        names.add(name)
+        yield name, item, where
+
+
+def _resolve_files(options: dict, where: str, base_dir: Path, problems: Problems) -> bool:
+    """Make ``corpus`` / ``trace`` paths absolute and check they load; False on a problem."""
+    from kvmap.workloads.corpus import load_text_file
+    from kvmap.workloads.trace import load_trace
+    ok = True
+    for key, loader in (("corpus", load_text_file), ("trace", load_trace)):
+        if key not in options:
+            continue
+        if not isinstance(options[key], str):
+            problems.add(f"{where}.{key}", f"{options[key]!r} must be a file path")
+            ok = False
+            continue
+        path = (base_dir / options[key]).expanduser()
+        options[key] = str(path.resolve())
+        try:
+            loader(path)
+        except ValueError as e:
+            problems.add(f"{where}.{key}", str(e))
+            ok = False
+    return ok
+
+
+def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
+                     base_dir: Path, seed: int) -> list[WorkloadEntry]:
+    entries = []
+    for name, item, where in _named_entries(raw, "workloads", "workload", "a preset name",
+                                            BENCH_WORKLOAD_KEYS, problems):
+        options = {k: v for k, v in item.items() if k in WORKLOAD_KEYS and k != "name"}
+        kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
+            if "kv" in item else None
+        models = item.get("models")
+        models = tuple(models) if isinstance(models, list) else models
+        kv_memory = item.get("kv_memory")
+        if kv_memory is not None:
+            try:
+                parse_kv_memory(kv_memory)
+            except ValueError as e:
+                problems.add(f"{where}.kv_memory", str(e))
+                continue
+        if not _resolve_files(options, where, base_dir, problems):
+            continue
+        try:
+            levels = load_levels(options)
+            for level, _ in levels:
+                workload_spec(name, level, seed)
+        except ValueError as e:
+            problems.add(where, str(e))
+            continue
+        entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
+                                  kv_memory, models) for level, load in levels]
+    return entries
+
+
+def _check_workload_models(workloads: list[WorkloadEntry], models: list[ModelEntry],
+                           problems: Problems) -> list[WorkloadEntry]:
+    """A workload's ``models`` must be a list of the scenario's model names."""
+    names, kept = [m.name for m in models], []
+    for w in workloads:
+        if w.models is not None and (not isinstance(w.models, tuple) or not w.models or
+                                     any(n not in names for n in w.models)):
+            problems.add(f"workloads ({w.name}).models",
+                         f"{list(w.models) if isinstance(w.models, tuple) else w.models!r} "
+                         f"must be a non-empty list of the scenario's models {names}")
+            continue
+        kept.append(w)
+    return kept
+
+
+def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
+                 base_dir: Path) -> list[TaskEntry]:
+    from kvmap.bench.tasks import TaskUnavailable, check_task_params, resolve_task
+    entries = []
+    for name, item, where in _named_entries(raw, "tasks", "task", "a task name", TASK_KEYS,
+                                            problems):
+        task, params = item.get("task", name), item.get("params") or {}
+        if not isinstance(params, dict):
+            problems.add(f"{where}.params", f"{params!r} must be a mapping")
+            continue
+        params = {k: str((base_dir / v).expanduser().resolve())
+                  if k in TASK_PATH_PARAMS and isinstance(v, str) else v
+                  for k, v in params.items()}
+        if isinstance(task, str) and ":" in task:
+            module, _, attr = task.rpartition(":")
+            if module.endswith(".py"):
+                task = f"{(base_dir / module).expanduser().resolve()}:{attr}"
+        try:
+            fn = resolve_task(task)
+            check_task_params(task, fn, params)
+        except TaskUnavailable as e:
+            if skip:
+                notes.append(f"skipped task {name!r}: {e}")
+            else:
+                problems.add(where, str(e))
+            continue
+        except ValueError as e:
+            problems.add(where, str(e))
+            continue
+        entries.append(TaskEntry(name, task, dict(params)))
+    return entries
+
+
+def _parse_slo(raw: Any, problems: Problems) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, str):
+            return parse_slo(raw)
+        if isinstance(raw, dict):
+            # {ttft_p99: 2s} or {ttft_p99_s: 2.0}: strings need a unit, numbers are seconds
+            text_items = [f"{k}={v}" for k, v in raw.items() if isinstance(v, str)]
+            slo = parse_slo(",".join(text_items)) if text_items else {}
+            numbers = {k: v for k, v in raw.items() if not isinstance(v, str)}
+            for key, value in normalize_slo(numbers).items():
+                if key in slo:
+                    raise ValueError(f"SLO key {key!r} is given twice")
+                slo[key] = value
+            return slo
+        raise ValueError(f"{raw!r} must be a string like 'ttft_p99=2s,tbt_p99=150ms' or a "
+                         "mapping")
+    except ValueError as e:
+        problems.add("slo", str(e))
+        return None
