@@ -182,8 +182,10 @@ def _task_result(cell: dict, baseline: dict | None) -> TaskResult:
             if baseline is cell:
                 result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
                 return result
-            mine = (cell.get("details") or {}).get("per_sample")
-            theirs = (baseline.get("details") or {}).get("per_sample")
+            # per_sample: records with "correct" (the record contract), or older plain values
+            mine, theirs = ([s["correct"] if isinstance(s, dict) else s
+                             for s in (c.get("details") or {}).get("per_sample") or []]
+                            for c in (cell, baseline))
             if mine and theirs and len(mine) == len(theirs):
                 d = paired_delta(theirs, mine)      # baseline - this: a drop is positive
                 result.drop_pct = 100.0 * d["mean"]
