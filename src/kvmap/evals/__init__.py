@@ -10,7 +10,7 @@ Tasks, one module each, registered in ``TASKS`` (``base.py``) when imported here
 teacher forcing), ``passkey`` and ``needle`` (retrieval over a context-length x depth
 grid), ``generation`` (greedy output stability), ``chat_generation`` (output-length
 inflation of answers that stop on their own), ``mc`` (multiple choice by log-likelihood
-from a JSONL file). Adding a task is one file with ``@TASKS.register``, one import line
+from a JSONL file), ``qa`` (extractive QA scored by exact match and token F1). Adding a task is one file with ``@TASKS.register``, one import line
 below, and one test row.
 
 The baseline is the model's own dtype as the KV codec (``bf16`` for a bf16 model) with
@@ -18,7 +18,8 @@ no selection policy; every result carries paired per-sample comparisons with it
 (``stats``).
 """
 from kvmap.evals.base import TASKS, Column, EvalOptions, Task, TaskRun, get_task
-from kvmap.evals import chat_generation, generation, mc, needle, passkey, ppl  # noqa: F401,E501 -- fill TASKS
+from kvmap.evals import (chat_generation, generation, mc, needle, passkey,  # noqa: F401
+                         ppl, qa)                                # -- fill TASKS
 from kvmap.evals.evaluation import evaluate
 
 __all__ = ["Column", "EvalOptions", "TASKS", "Task", "TaskRun", "evaluate", "get_task"]

@@ -43,7 +43,8 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
                                                            "{\"text\"}) replacing the "
                                                            "built-in one."),
         data: Optional[str] = typer.Option(None, help="mc: JSONL in HellaSwag or ARC "
-                                                      "format."),
+                                                      "format; qa: JSONL of {context, "
+                                                      "question, answers}."),
         continuation: Optional[int] = typer.Option(
             None, help="ppl: tokens scored after the context (128); generation: tokens "
                        "generated (64)."),
