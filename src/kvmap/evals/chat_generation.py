@@ -6,7 +6,7 @@ request (the model's chat template) asking for a short summary of a passage of c
 text:
 
     <|im_start|>user
-    Summarize the following text in one or two sentences.
+    Summarize the following text in one sentence.
 
     <about `context` tokens of corpus text><|im_end|>
     <|im_start|>assistant
@@ -33,9 +33,9 @@ from kvmap.request import SamplingParams
 from kvmap.workloads.corpus import TextSource
 
 DEFAULT_CONTEXT_TOKENS = 192
-DEFAULT_MAX_OUTPUT_TOKENS = 192
+DEFAULT_MAX_OUTPUT_TOKENS = 256
 DEFAULT_NUM_SAMPLES = 16
-INSTRUCTION = "Summarize the following text in one or two sentences."
+INSTRUCTION = "Summarize the following text in one sentence."
 
 
 def length_metrics(records: list[dict]) -> dict:
