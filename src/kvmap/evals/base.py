@@ -19,11 +19,13 @@ records by that id (``kvmap.evals.stats``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from kvmap.evals.stats import negative_rate, paired_delta, paired_values
 from kvmap.registry import Registry
+from kvmap.workloads.files import jsonl_records, require_file
 
 
 class Column(NamedTuple):
@@ -121,3 +123,15 @@ def get_task(name: str, options: EvalOptions) -> Task:
     if name not in TASKS:
         raise ValueError(f"task {name!r} is not one of {', '.join(TASKS)}")
     return TASKS.get(name)(options)
+
+
+def load_jsonl_items(path, parse: Callable[[object, str], Any]) -> list:
+    """``parse(record, "file:line")`` of every line of a task's JSONL data file;
+    ValueError naming the path (missing, no items) or the bad line."""
+    path = require_file(path, "data file")
+    items = [parse(record, f"{path}:{n}") for n, record in
+             jsonl_records(path.read_text(encoding="utf-8").splitlines(),
+                           lambda n: f"{path}:{n}")]
+    if not items:
+        raise ValueError(f"data file {str(path)!r} has no questions")
+    return items

@@ -23,16 +23,14 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from kvmap.evals.base import TASKS, Column, Task, TaskRun
+from kvmap.evals.base import TASKS, Column, Task, TaskRun, load_jsonl_items
 from kvmap.evals.kv_peak import track_peak_kv_bytes
 from kvmap.evals.ppl import log_probs, token_nll
 from kvmap.evals.stats import accuracy_metrics, paired_delta, paired_values
 from kvmap.workloads.corpus import encode_text
-from kvmap.workloads.files import jsonl_records, require_file
 
 
 @dataclass(frozen=True)
@@ -87,16 +85,9 @@ def parse_item(record: object, where: str) -> MCItem:
                      f"(no 'answerKey')")
 
 
-def load_items(path: str | Path) -> list[MCItem]:
+def load_items(path) -> list:
     """All items of a JSONL file; ValueError naming the path or the bad line."""
-    path = require_file(path, "data file")
-    items = []
-    for line_no, record in jsonl_records(path.read_text(encoding="utf-8").splitlines(),
-                                         lambda n: f"{path}:{n}"):
-        items.append(parse_item(record, f"{path}:{line_no}"))
-    if not items:
-        raise ValueError(f"data file {str(path)!r} has no questions")
-    return items
+    return load_jsonl_items(path, parse_item)
 
 
 @TASKS.register

@@ -33,11 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmap.evals.base import TASKS, Column, Task, TaskRun
+from kvmap.evals.base import TASKS, Column, Task, TaskRun, load_jsonl_items
 from kvmap.evals.kv_peak import track_peak_kv_bytes
 from kvmap.evals.stats import accuracy_metrics, paired_delta, paired_values
 from kvmap.request import SamplingParams
-from kvmap.workloads.files import jsonl_records, require_file
 
 ANSWER_TOKENS = 16
 INSTRUCTION = "Answer with a few words copied from the text above."
@@ -97,15 +96,9 @@ def parse_qa(record: object, where: str) -> QAItem:
     return QAItem(record["context"].strip(), record["question"].strip(), tuple(answers))
 
 
-def load_qa(path) -> list[QAItem]:
+def load_qa(path) -> list:
     """All items of a QA JSONL file; ValueError naming the path or the bad line."""
-    path = require_file(path, "data file")
-    items = [parse_qa(record, f"{path}:{n}") for n, record in
-             jsonl_records(path.read_text(encoding="utf-8").splitlines(),
-                           lambda n: f"{path}:{n}")]
-    if not items:
-        raise ValueError(f"data file {str(path)!r} has no questions")
-    return items
+    return load_jsonl_items(path, parse_qa)
 
 
 @TASKS.register
