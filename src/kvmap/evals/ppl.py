@@ -19,8 +19,9 @@ behind it. Against the baseline run on the same samples, per continuation positi
                    logits at a few percent of positions, where any change flips argmax p
 
 ``kl_mean`` and ``kl_p99`` pool every scored position of every sample. The paired
-per-sample quantity is the sample's mean NLL; its delta is reported in nats and as a
-perplexity change in percent (``stats.ratio_pct``).
+per-sample quantity is the sample's mean NLL (each record's ``nll_mean``); its delta is
+reported in nats, as a perplexity change in percent (``stats.ratio_pct``) and as a
+fraction (``ppl_delta_rel`` with ``ppl_delta_rel_ci95``).
 """
 from __future__ import annotations
 
