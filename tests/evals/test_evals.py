@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from kvmap.evals import EvalOptions, evaluate
 from kvmap.evals.generation import first_divergence
 from kvmap.evals.mc import load_items, parse_item
-from kvmap.evals.needle import grid_summary, insert_sentences, is_correct, needle_prompt
+from kvmap.evals.retrieval import (first_number_is as is_correct, grid_summary,
+                                   insert_sentences, needle_prompt)
+from kvmap.evals.stats import wilson_interval
 from kvmap.evals.ppl import (kl_divergence, log_probs, perplexity, tied_top1, token_nll,
                              top1_agreement, top1_agreement_with_ties)
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta, paired_deltas, ratio_pct
@@ -121,8 +123,10 @@ def test_needle_scoring_and_grid():
     assert not is_correct(" 67890, not 12345", "12345")     # first number counts
     assert not is_correct(" unknown", "12345")
     grid = grid_summary([(1024, 0.1), (1024, 0.1), (2048, 0.5)], [True, False, True])
-    assert grid == [{"context_tokens": 1024, "depth": 0.1, "accuracy": 0.5, "n": 2},
-                    {"context_tokens": 2048, "depth": 0.5, "accuracy": 1.0, "n": 1}]
+    assert grid == [{"context_tokens": 1024, "depth": 0.1, "accuracy": 0.5,
+                     "accuracy_ci95": wilson_interval(1, 2), "n": 2},
+                    {"context_tokens": 2048, "depth": 0.5, "accuracy": 1.0,
+                     "accuracy_ci95": wilson_interval(1, 1), "n": 1}]
 
 
 def test_first_divergence():

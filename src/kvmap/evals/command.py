@@ -1,6 +1,6 @@
 """The ``kvmap eval`` command: ``register(app)`` adds it to a Typer app.
 
-    kvmap eval --task ppl|passkey|needle|generation|mc --kv SPEC [--kv SPEC ...]
+    kvmap eval --task NAME --kv SPEC [--kv SPEC ...]      (NAME: a task in evals.TASKS)
                [--context N ...] [--samples N] [--seed S] [--text-file F] [--data F]
                [--continuation N] [--depth D ...] [--needles K] [--model M] [--dtype D]
                [--kv-memory SIZE] [--threads N] [--json]
@@ -22,12 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvmap.config import format_bytes
-from kvmap.evals import TASKS, EvalOptions, evaluate
+from kvmap.evals import TASKS, Column, EvalOptions, evaluate
 
-_TASK_OPTIONS = {  # option -> the tasks it applies to
-    "--data": ("mc",), "--depth": ("passkey", "needle"), "--needles": ("needle",),
-    "--text-file": ("ppl", "passkey", "needle", "generation"),
-    "--continuation": ("ppl", "generation")}
+_OPTION_FIELDS = {  # task-specific option -> the EvalOptions field a task must take
+    "--data": "data_path", "--depth": "depths", "--needles": "num_needles",
+    "--text-file": "text", "--continuation": "continuation_tokens"}
 
 
 def _eval_command(make_llm: Callable[[str], Any] | None):
@@ -44,7 +43,8 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
                                                            "{\"text\"}) replacing the "
                                                            "built-in one."),
         data: Optional[str] = typer.Option(None, help="mc: JSONL in HellaSwag or ARC "
-                                                      "format."),
+                                                      "format; qa: JSONL of {context, "
+                                                      "question, answers}."),
         continuation: Optional[int] = typer.Option(
             None, help="ppl: tokens scored after the context (128); generation: tokens "
                        "generated (64)."),
@@ -68,8 +68,9 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
         try:
             if task not in TASKS:
                 raise ValueError(f"task {task!r} is not one of {', '.join(TASKS)}")
-            for option, tasks in _TASK_OPTIONS.items():
-                if given[option] is not None and task not in tasks:
+            for option, field_name in _OPTION_FIELDS.items():
+                if given[option] is not None and field_name not in TASKS.get(task).takes:
+                    tasks = [n for n, cls in TASKS.items() if field_name in cls.takes]
                     raise ValueError(f"{option} does not apply to task {task!r} "
                                      f"(only {', '.join(tasks)})")
             text = None
@@ -92,28 +93,32 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
     return eval_
 
 
-_COLUMNS = {  # task -> (header, metric key, format)
-    "ppl": [("ppl", "ppl", "{:.3f}"), ("Δppl %", "ppl_delta_pct", "{:+.2f}"),
-            ("Δppl % CI", "delta_ppl_pct", "ci"), ("KL mean", "kl_mean", "{:.2e}"),
-            ("KL P99", "kl_p99", "{:.2e}"), ("top-1", "top1_agreement", "{:.2%}"),
-            ("top-1 (ties)", "top1_agreement_ties", "{:.2%}")],
-    "needle": [("accuracy", "accuracy", "{:.2%}"), ("n", "n", "{}"),
-               ("Δacc CI", "delta_accuracy", "ci")],
-    "generation": [("exact match", "exact_match", "{:.2%}"),
-                   ("first div mean", "first_divergence_mean", "{:.1f}"),
-                   ("first div P50", "first_divergence_p50", "{:.0f}"),
-                   ("token agreement", "token_agreement", "{:.2%}")],
-    "mc": [("accuracy", "accuracy", "{:.2%}"), ("acc_norm", "accuracy_norm", "{:.2%}"),
-           ("n", "n", "{}"), ("Δacc CI", "delta_accuracy", "ci")],
-}
-_COLUMNS["passkey"] = _COLUMNS["needle"]
+_SKIPPED = {"kv_bytes_peak", "wall_s"}       # shown apart (KV peak) or not at all
+
+
+def columns_of(task: str, metrics: dict) -> list[Column]:
+    """The task's own ``columns``; for a task that declares none, one column per number
+    in its metrics and one per interval dict (``delta_*``)."""
+    declared = TASKS.get(task).columns if task in TASKS else ()
+    if declared:
+        return list(declared)
+    out = []
+    for key, value in metrics.items():
+        if key in _SKIPPED or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out.append(Column(key, key, "{:.4g}"))
+        elif isinstance(value, dict) and {"ci_low", "ci_high"} <= set(value):
+            out.append(Column(key, key, "ci"))
+    return out
 
 
 def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
     if fmt == "ci":
-        return f"[{value['ci_low']:+.3g}, {value['ci_high']:+.3g}]"
+        low, high = (value["ci_low"], value["ci_high"]) if isinstance(value, dict) else value
+        return f"[{low:+.3g}, {high:+.3g}]"
     return fmt.format(value)
 
 
@@ -121,7 +126,8 @@ def _print_table(result: dict) -> None:
     console = Console()
     if not console.is_terminal:      # piped or captured: rich would assume 80 columns
         console = Console(width=140)
-    columns = _COLUMNS[result["task"]]
+    columns = columns_of(result["task"], result["results"][0]["metrics"]
+                         if result["results"] else {})
     table = Table(title=f"{result['task']} on {result['model']} ({result['dtype']}), "
                         f"baseline KV {result['baseline']['kv']}")
     for header in ["KV spec", *(h for h, _, _ in columns), "KV peak"]:
@@ -129,7 +135,8 @@ def _print_table(result: dict) -> None:
     for row in result["results"]:
         m = row["metrics"]
         table.add_row(row["kv"], *(_cell(m.get(key), fmt) for _, key, fmt in columns),
-                      format_bytes(m["kv_bytes_peak"]))
+                      "-" if m.get("kv_bytes_peak") is None
+                      else format_bytes(m["kv_bytes_peak"]))
     console.print(table)
     for row in result["results"]:
         for cell in row["metrics"].get("grid", []):

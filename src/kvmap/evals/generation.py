@@ -20,8 +20,9 @@ import time
 
 import numpy as np
 
-from kvmap.evals import Task, TaskRun
-from kvmap.evals.ppl import single_context, track_peak_kv_bytes
+from kvmap.evals.base import TASKS, Column, Task, TaskRun
+from kvmap.evals.kv_peak import track_peak_kv_bytes
+from kvmap.evals.ppl import single_context
 from kvmap.evals.stats import paired_delta
 from kvmap.request import SamplingParams
 from kvmap.workloads.corpus import TextSource, encode_text
@@ -40,11 +41,18 @@ def first_divergence(output_ids: list[int], baseline_ids: list[int]) -> int:
     return min(len(output_ids), len(baseline_ids))
 
 
+@TASKS.register
 class GenerationTask(Task):
     """Greedy output stability against the baseline (module docstring)."""
 
     name = "generation"
     paired_metric = "exact_match"
+    takes = frozenset({"context_tokens", "text", "continuation_tokens"})
+    needs_baseline_state = True            # compares the baseline's token ids
+    columns = (Column("exact match", "exact_match", "{:.2%}"),
+               Column("first div mean", "first_divergence_mean", "{:.1f}"),
+               Column("first div P50", "first_divergence_p50", "{:.0f}"),
+               Column("token agreement", "token_agreement", "{:.2%}"))
 
     def __init__(self, options):
         super().__init__(options)
@@ -70,8 +78,11 @@ class GenerationTask(Task):
         with track_peak_kv_bytes(llm.engine) as peak:
             outputs = llm.generate(samples, params)
         metrics = {"kv_bytes_peak": peak[0], "wall_s": time.perf_counter() - t0,
-                   "num_new_tokens": self.new_tokens, "n": len(samples)}
-        return TaskRun(metrics, [], state=[list(o.token_ids) for o in outputs])
+                   "num_new_tokens": self.new_tokens, "n": len(samples),
+                   "num_samples": len(samples)}
+        records = [{"sample_id": f"generation/{self.context}/{i}",
+                    "num_output_tokens": len(o.token_ids)} for i, o in enumerate(outputs)]
+        return TaskRun(metrics, records, state=[list(o.token_ids) for o in outputs])
 
     def compare(self, run: TaskRun, baseline: TaskRun) -> dict:
         positions = [first_divergence(o, b) for o, b in zip(run.state, baseline.state)]

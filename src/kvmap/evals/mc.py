@@ -23,15 +23,14 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from kvmap.evals import Task, TaskRun
-from kvmap.evals.ppl import log_probs, token_nll, track_peak_kv_bytes
-from kvmap.evals.stats import paired_delta
+from kvmap.evals.base import TASKS, Column, Task, TaskRun, load_jsonl_items
+from kvmap.evals.kv_peak import track_peak_kv_bytes
+from kvmap.evals.ppl import log_probs, token_nll
+from kvmap.evals.stats import accuracy_metrics, paired_delta, paired_values
 from kvmap.workloads.corpus import encode_text
-from kvmap.workloads.files import jsonl_records, require_file
 
 
 @dataclass(frozen=True)
@@ -86,22 +85,21 @@ def parse_item(record: object, where: str) -> MCItem:
                      f"(no 'answerKey')")
 
 
-def load_items(path: str | Path) -> list[MCItem]:
+def load_items(path) -> list:
     """All items of a JSONL file; ValueError naming the path or the bad line."""
-    path = require_file(path, "data file")
-    items = []
-    for line_no, record in jsonl_records(path.read_text(encoding="utf-8").splitlines(),
-                                         lambda n: f"{path}:{n}"):
-        items.append(parse_item(record, f"{path}:{line_no}"))
-    if not items:
-        raise ValueError(f"data file {str(path)!r} has no questions")
-    return items
+    return load_jsonl_items(path, parse_item)
 
 
+@TASKS.register
 class MCTask(Task):
     """Multiple choice by summed log-likelihood (module docstring)."""
 
     name = "mc"
+    takes = frozenset({"data_path"})
+    columns = (Column("accuracy", "accuracy", "{:.2%}"), Column("acc CI95", "accuracy_ci95", "ci"),
+               Column("acc_norm", "accuracy_norm", "{:.2%}"), Column("n", "num_samples", "{}"),
+               Column("Δacc CI", "delta_accuracy", "ci"),
+               Column("neg. rate", "negative_rate", "{:.2%}"))
 
     def __init__(self, options):
         super().__init__(options)
@@ -138,15 +136,17 @@ class MCTask(Task):
                     ctx + choice, num_context_tokens=len(ctx))), choice).sum())
                     for choice in choices]
                 chars = [len(llm.tokenizer.decode(choice)) for choice in choices]
-                correct.append(float(int(np.argmax(sums)) == label))
+                correct.append(int(np.argmax(sums)) == label)
                 norm = [s / max(1, n) for s, n in zip(sums, chars)]
-                correct_norm.append(float(int(np.argmax(norm)) == label))
-        metrics = {"accuracy": float(np.mean(correct)),
-                   "accuracy_norm": float(np.mean(correct_norm)), "n": len(correct),
+                correct_norm.append(int(np.argmax(norm)) == label)
+        metrics = {**accuracy_metrics(correct),
+                   "accuracy_norm": float(np.mean(correct_norm)),
                    "kv_bytes_peak": peak[0], "wall_s": time.perf_counter() - t0}
-        return TaskRun(metrics, correct, state=correct_norm)
+        records = [{"sample_id": f"mc/{i}", "correct": ok, "correct_norm": ok_norm}
+                   for i, (ok, ok_norm) in enumerate(zip(correct, correct_norm))]
+        return TaskRun(metrics, records)
 
     def compare(self, run: TaskRun, baseline: TaskRun) -> dict:
+        mine, theirs = paired_values(run.per_sample, baseline.per_sample, "correct_norm")
         return {**super().compare(run, baseline),
-                "delta_accuracy_norm": paired_delta(run.state, baseline.state,
-                                                    seed=self.options.seed)}
+                "delta_accuracy_norm": paired_delta(mine, theirs, seed=self.options.seed)}

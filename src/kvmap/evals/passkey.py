@@ -1,40 +1,37 @@
 """``passkey``: one 5-digit key hidden at a chosen depth of natural text, asked for at the end.
 
 The classic passkey test (Mohtashami & Jaggi 2023) with natural text instead of repeated
-filler, phrased the way SmolLM2-135M answers reliably with a full cache (RULER's
-single-key NIAH wording; see CALIBRATION.md -- the "pass key" wording inside
-documentation text makes the model drift into the prose):
+filler, in RULER's single-key NIAH wording (``kvmap.evals.retrieval``; on SmolLM2-135M
+the "pass key" wording inside documentation text makes the model drift into the prose).
 
-    A special magic number is hidden in the following text. Memorize it.
-
-    <corpus text ... The special magic number for <city> is <5 digits>. ... text>
-
-    What is the special magic number for <city>? The special magic number for <city> is
-
-The grid is ``context_lengths x depths`` (depth: fraction of the document's characters;
-the key goes to the nearest sentence boundary) with ``samples`` prompts per cell. Sample
-s of a context length uses the same document at every depth, so a row of the grid
-differs only in where the key is. The answer is greedy, at most ``ANSWER_TOKENS``
-tokens, and correct when the key's 5 digits appear in it.
+The grid is ``context_tokens x depths`` (depth: fraction of the document's characters;
+the key goes to the nearest sentence boundary) with ``num_samples`` prompts per cell.
+Sample s of a context length uses one document at every depth -- a row of the grid
+differs only in where the key is, and the prompts share their text up to the key, which
+the prefix cache serves (``retrieval.run_grouped``); different samples use different
+documents. Each cell's city and key depend only on (seed, length, sample, depth), so
+adding a depth or a length does not change the other cells. Correct when the key's
+digits appear in the greedy answer.
 
 Construction (``make_cases``) and scoring (``contains_key``) are pure; ``run_passkey``
-runs the cases through an ``LLM`` one at a time (a prompt's whole cache is resident until
-a policy compresses it, so batching long prompts would only preempt them).
+runs the grid through an ``LLM`` outside the task API (the policy tests use it).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from kvmap.evals.needle import grid_summary, needle_prompt
-from kvmap.request import SamplingParams
+from kvmap.evals.base import TASKS, EvalOptions, TaskRun
+from kvmap.evals.retrieval import ANSWER_TOKENS, RetrievalTask, needle_prompt
 from kvmap.workloads.builders import CITIES
 from kvmap.workloads.corpus import encode_text, paragraphs, take_tokens
 
-ANSWER_TOKENS = 8                  # "<5 digits>." is 2-4 BPE tokens; room for a space
+DEFAULT_CONTEXT_TOKENS = (1024, 2048)
+DEFAULT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+DEFAULT_SAMPLES_PER_CELL = 4                 # 2 x 5 x 4 = 40 trials (docs/evals.md)
 KEY_MIN, KEY_MAX = 10_000, 100_000
 
 
@@ -48,6 +45,18 @@ class PasskeyCase:
     prompt: str
     num_prompt_tokens: int
     key_position_tokens: int       # tokens before the needle sentence in the prompt
+
+    @property
+    def sample_id(self) -> str:
+        return f"passkey/{self.context_tokens}/{self.depth:g}/{self.sample}"
+
+    @property
+    def expected(self) -> str:
+        return self.key
+
+    @property
+    def group(self) -> tuple[int, int]:     # prompts sharing a document
+        return (self.context_tokens, self.sample)
 
 
 def contains_key(output_text: str, key: str) -> bool:
@@ -93,32 +102,46 @@ def _case(tokenizer, context_tokens: int, depth: float, sample: int, city: str, 
                        len(encode_text(tokenizer, prompt[:where])))
 
 
+@TASKS.register
+class PasskeyTask(RetrievalTask):
+    """Single-key retrieval over a context x depth grid (module docstring)."""
+
+    name = "passkey"
+    takes = frozenset({"context_tokens", "text", "depths"})
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.contexts = options.context_tokens or DEFAULT_CONTEXT_TOKENS
+        self.depths = options.depths or DEFAULT_DEPTHS
+        self.num_samples = options.num_samples or DEFAULT_SAMPLES_PER_CELL
+
+    def max_tokens_needed(self, samples: list | None = None) -> int:
+        return max(self.contexts) + ANSWER_TOKENS
+
+    def prepare(self, tokenizer) -> list[PasskeyCase]:
+        return make_cases(tokenizer, self.contexts, self.depths, self.num_samples,
+                          self.options.seed, self.options.text)
+
+    def is_correct(self, output_text: str, sample: PasskeyCase) -> bool:
+        return contains_key(output_text, sample.key)
+
+
 def run_passkey(llm, context_lengths: Sequence[int], depths: Sequence[float], samples: int,
-                seed: int, *, text: str | None = None,
-                progress: Callable[[PasskeyCase, str, bool], None] | None = None) -> dict:
+                seed: int, *, text: str | None = None) -> dict:
     """Run the passkey grid through ``llm`` (its KV configuration: codec and policy).
 
-    Returns ``{"task", "kv", "accuracy", "n", "grid": [{"context_tokens", "depth",
-    "accuracy", "n"}], "samples": [one dict per case: its fields less the prompt, plus
-    "output" and "correct"], "wall_s"}``. ``progress(case, output_text, correct)`` is
-    called after each case.
+    Returns the task's metrics (``accuracy``, ``accuracy_ci95``, ``num_samples``, ``n``,
+    ``grid``, ``kv_bytes_peak``, ``wall_s``) with ``"task"``, ``"kv"`` and ``"samples"``:
+    the per-sample records (``sample_id``, ``context_tokens``, ``depth``, ``expected``,
+    ``output``, ``correct``, ...).
     """
     t0 = time.perf_counter()
-    cases = make_cases(llm.tokenizer, context_lengths, depths, samples, seed, text)
-    params = SamplingParams(max_tokens=ANSWER_TOKENS)
-    rows = []
-    for case in cases:
-        output = llm.generate([case.prompt], params)[0].text
-        correct = contains_key(output, case.key)
-        row = {k: v for k, v in asdict(case).items() if k != "prompt"}
-        rows.append({**row, "output": output, "correct": correct})
-        if progress is not None:
-            progress(case, output, correct)
-    correct = [r["correct"] for r in rows]
-    grid = grid_summary([(r["context_tokens"], r["depth"]) for r in rows], correct)
-    return {"task": "passkey", "kv": str(llm.config.kv),
-            "accuracy": sum(correct) / len(correct), "n": len(correct), "grid": grid,
-            "samples": rows, "wall_s": time.perf_counter() - t0}
+    task = PasskeyTask(EvalOptions(context_tokens=tuple(context_lengths),
+                                   depths=tuple(depths), num_samples=samples, seed=seed,
+                                   text=text))
+    run: TaskRun = task.run(llm, task.prepare(llm.tokenizer))
+    return {"task": "passkey", "kv": str(llm.config.kv), **run.metrics,
+            "samples": run.per_sample, "wall_s": time.perf_counter() - t0}
 
 
-__all__ = ["ANSWER_TOKENS", "PasskeyCase", "contains_key", "make_cases", "run_passkey"]
+__all__ = ["PasskeyCase", "PasskeyTask", "contains_key", "make_cases", "run_passkey"]

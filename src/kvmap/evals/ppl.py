@@ -19,21 +19,22 @@ behind it. Against the baseline run on the same samples, per continuation positi
                    logits at a few percent of positions, where any change flips argmax p
 
 ``kl_mean`` and ``kl_p99`` pool every scored position of every sample. The paired
-per-sample quantity is the sample's mean NLL; its delta is reported in nats and as a
-perplexity change in percent (``stats.ratio_pct``).
+per-sample quantity is the sample's mean NLL (each record's ``nll_mean``); its delta is
+reported in nats, as a perplexity change in percent (``stats.ratio_pct``) and as a
+fraction (``ppl_delta_rel`` with ``ppl_delta_rel_ci95``).
 """
 from __future__ import annotations
 
-import contextlib
+import math
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
 
+from kvmap.evals.base import TASKS, Column, Task, TaskRun
+from kvmap.evals.kv_peak import track_peak_kv_bytes  # noqa: F401 -- its old home (bench)
+from kvmap.evals.stats import paired_delta, paired_values, ratio_pct
 from kvmap.metrics import percentile
-from kvmap.evals import Task, TaskRun
-from kvmap.evals.stats import paired_delta, ratio_pct
 from kvmap.workloads.corpus import TextSource, encode_text
 
 DEFAULT_CONTEXT_TOKENS = 1024
@@ -49,7 +50,7 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:
 
 def token_nll(logp: torch.Tensor, target_ids: list[int] | torch.Tensor) -> torch.Tensor:
     """(T,) negative log-likelihood in nats of ``target_ids`` (T,) under ``logp`` (T, V)."""
-    targets = torch.as_tensor(target_ids, dtype=torch.long).view(-1, 1)
+    targets = torch.as_tensor(target_ids, dtype=torch.long, device=logp.device).view(-1, 1)
     if targets.shape[0] != logp.shape[0]:
         raise ValueError(f"{targets.shape[0]} targets for {logp.shape[0]} positions")
     return -logp.gather(1, targets).squeeze(1)
@@ -89,33 +90,6 @@ def perplexity(nll: torch.Tensor | list[float]) -> float:
     return float(values.mean().exp())
 
 
-# ---- KV bytes ------------------------------------------------------------------------
-@contextlib.contextmanager
-def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
-    """Within the block, record the most KV bytes resident in ``engine``'s block pool.
-
-    Yields a one-item list whose value is updated in place. Blocks become resident only
-    through ``pool.allocate`` or ``pool.incref`` (a prefix-cache hit), so wrapping those
-    two on the pool instance sees every peak, including a prefill's blocks before a
-    policy frees some. The pool's methods are restored on exit.
-    """
-    pool, bytes_per_block = engine.kv.pool, engine.kv.bytes_per_block
-    peak = [pool.num_used * bytes_per_block]
-
-    def tracked(method):
-        def wrapper(*args, **kwargs):
-            result = method(*args, **kwargs)
-            peak[0] = max(peak[0], pool.num_used * bytes_per_block)
-            return result
-        return wrapper
-
-    pool.allocate, pool.incref = tracked(pool.allocate), tracked(pool.incref)
-    try:
-        yield peak
-    finally:
-        del pool.allocate, pool.incref          # back to the class's methods
-
-
 # ---- the task ------------------------------------------------------------------------
 def single_context(options, default: int, task: str) -> int:
     """The one ``--context`` a task takes (``default`` when none); ValueError for several."""
@@ -141,11 +115,20 @@ def build_samples(tokenizer, num_samples: int, num_context_tokens: int,
     return samples
 
 
+@TASKS.register
 class PPLTask(Task):
     """Perplexity, KL and top-1 agreement of teacher-forced decoding (module docstring)."""
 
     name = "ppl"
     paired_metric = "nll"
+    value_key = "nll_mean"
+    takes = frozenset({"context_tokens", "text", "continuation_tokens"})
+    needs_baseline_state = True            # the KL reads the baseline's log-probabilities
+    columns = (Column("ppl", "ppl", "{:.3f}"), Column("Δppl %", "ppl_delta_pct", "{:+.2f}"),
+               Column("Δppl % CI", "delta_ppl_pct", "ci"), Column("KL mean", "kl_mean", "{:.2e}"),
+               Column("KL P99", "kl_p99", "{:.2e}"), Column("top-1", "top1_agreement", "{:.2%}"),
+               Column("top-1 (ties)", "top1_agreement_ties", "{:.2%}"),
+               Column("n", "num_samples", "{}"))
 
     def __init__(self, options):
         super().__init__(options)
@@ -171,9 +154,12 @@ class PPLTask(Task):
                 sample_nll.append(token_nll(logp, ids[c:]))
         nll = torch.cat(sample_nll)
         metrics = {"ppl": perplexity(nll), "nll_mean": float(nll.mean()),
-                   "num_tokens_scored": int(nll.numel()), "kv_bytes_peak": peak[0],
-                   "wall_s": time.perf_counter() - t0}
-        return TaskRun(metrics, [float(x.mean()) for x in sample_nll], state=sample_logp)
+                   "num_tokens_scored": int(nll.numel()), "num_samples": len(samples),
+                   "kv_bytes_peak": peak[0], "wall_s": time.perf_counter() - t0}
+        records = [{"sample_id": f"ppl/{c}+{self.continuation}/{i}",
+                    "nll_mean": float(x.mean()), "num_tokens": int(x.numel())}
+                   for i, x in enumerate(sample_nll)]
+        return TaskRun(metrics, records, state=sample_logp)
 
     def compare(self, run: TaskRun, baseline: TaskRun) -> dict:
         ref, logp = baseline.state, run.state
@@ -181,7 +167,8 @@ class PPLTask(Task):
         agree = torch.cat([top1_agreement(r, q) for r, q in zip(ref, logp)])
         agree_ties = torch.cat([top1_agreement_with_ties(r, q) for r, q in zip(ref, logp)])
         ties = torch.cat([tied_top1(r) for r in ref])
-        delta = paired_delta(run.per_sample, baseline.per_sample, seed=self.options.seed)
+        mine, theirs = paired_values(run.per_sample, baseline.per_sample, self.value_key)
+        delta = paired_delta(mine, theirs, seed=self.options.seed)
         return {**run.metrics,
                 "ppl_baseline": baseline.metrics["ppl"],
                 "ppl_delta_pct": 100.0 * (run.metrics["ppl"] / baseline.metrics["ppl"] - 1),
@@ -189,4 +176,6 @@ class PPLTask(Task):
                 "top1_agreement": float(agree.float().mean()),
                 "top1_agreement_ties": float(agree_ties.float().mean()),
                 "baseline_tie_rate": float(ties.float().mean()),
-                "delta_nll": delta, "delta_ppl_pct": ratio_pct(delta)}
+                "delta_nll": delta, "delta_ppl_pct": ratio_pct(delta),
+                "ppl_delta_rel": math.expm1(delta["mean"]),
+                "ppl_delta_rel_ci95": [math.expm1(delta["ci_low"]), math.expm1(delta["ci_high"])]}

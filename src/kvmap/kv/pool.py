@@ -37,6 +37,7 @@ class BlockPool:
         self.num_prefix_queries = 0       # blocks looked up
         self.num_prefix_hits = 0          # blocks found
         self.num_evicted_hashes = 0
+        self.peak_num_used_blocks = 0     # most blocks in use at once since reset_peak()
         # called with (block_id, hash) just before a cached block is reused for new content
         self.on_evict: Callable[[int, bytes], object] | None = None
 
@@ -52,6 +53,10 @@ class BlockPool:
     def usage(self) -> float:
         return self.num_used / self.num_blocks
 
+    def reset_peak(self) -> None:
+        """Start a new peak window at the blocks in use now."""
+        self.peak_num_used_blocks = self.num_used
+
     # ---- allocation ----------------------------------------------------------------
     def allocate(self, num_blocks: int) -> list[int]:
         """Take ``num_blocks`` free blocks (refcount 1 each). Raises if not enough."""
@@ -66,6 +71,7 @@ class BlockPool:
             self._forget_hash(block_id)
             self.ref_counts[block_id] = 1
             out.append(block_id)
+        self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used)
         return out
 
     def free(self, block_ids: list[int]) -> None:
@@ -81,8 +87,9 @@ class BlockPool:
                 self.free_queue[block_id] = None
 
     def incref(self, block_id: int) -> None:
-        if self.ref_counts[block_id] == 0:
+        if self.ref_counts[block_id] == 0:       # a cached free block comes back: a peak
             del self.free_queue[block_id]
+            self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used)
         self.ref_counts[block_id] += 1
 
     # ---- prefix cache ----------------------------------------------------------------

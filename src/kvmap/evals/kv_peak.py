@@ -1,0 +1,29 @@
+"""The most KV bytes resident in an engine's block pool over a block of code.
+
+The pool keeps the count itself (``BlockPool.peak_num_used_blocks``, raised wherever a
+block becomes used: ``allocate`` and a prefix-cache hit's ``incref``), so a prefill's
+blocks count before a policy frees some; this only opens a window on it and reads it.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
+    """Within the block, the most KV bytes resident in ``engine``'s block pool.
+
+    Yields a one-item list; its value is the peak in bytes (block-granular) once the
+    block exits. Windows nest: an inner window does not hide an earlier, higher peak from
+    the window around it.
+    """
+    pool, bytes_per_block = engine.kv.pool, engine.kv.bytes_per_block
+    outer_peak = pool.peak_num_used_blocks
+    pool.reset_peak()
+    peak = [pool.num_used * bytes_per_block]
+    try:
+        yield peak
+    finally:
+        peak[0] = pool.peak_num_used_blocks * bytes_per_block
+        pool.peak_num_used_blocks = max(outer_peak, pool.peak_num_used_blocks)
