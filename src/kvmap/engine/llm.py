@@ -25,7 +25,9 @@ class LLM:
                  num_blocks: int | None = None, device: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, num_threads: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, quantization: str | None = None):
+        """``quantization``: None | "int8" | "w8a8" | "int4", the weights' format
+        (``kvmap.model.wquant``), combinable with any ``kv`` spec."""
         from kvmap.model.loader import load_model   # heavy imports only when used
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
@@ -41,7 +43,8 @@ class LLM:
                               cache=cache,
                               scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens),
                               num_threads=num_threads, seed=seed)
-        loaded = load_model(model, getattr(torch, DTYPES[dtype]), device)
+        loaded = load_model(model, getattr(torch, DTYPES[dtype]), device,
+                            quantization=quantization)
         self.engine = Engine(config, loaded, kv_config)
         self.tokenizer = self.engine.tokenizer
         self.config = config
@@ -95,6 +98,10 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True)
                    for c in convs]
         return self.generate(prompts, params)
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights as they run (quantized codes and scales)."""
+        return self.engine.model.weight_bytes
 
     def kv_usage(self) -> dict:
         return self.engine.kv_usage()
