@@ -115,7 +115,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
             if meta.accumulate:
-                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L)
+                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L, device=q.device)
             stats["window"][i] = _window_attention(qs, kc, meta.observation_window, hole)
         ctx = meta.offloaded_prefill.get(i)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
@@ -232,8 +232,8 @@ def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int,
     w = min(window, C)
     L = kc.shape[-1]
     scores = torch.matmul(qs[:, :, C - w:].float(), kc[:, None].float())   # (H, G, w, L)
-    q_pos = torch.arange(L - w, L)
-    scores.masked_fill_(torch.arange(L)[None, :] > q_pos[:, None], NEG_INF)
+    q_pos = torch.arange(L - w, L, device=qs.device)
+    scores.masked_fill_(torch.arange(L, device=qs.device)[None, :] > q_pos[:, None], NEG_INF)
     if hole is not None:
         scores[..., hole[0]:hole[1]] = NEG_INF
     return torch.softmax(scores, dim=-1).sum(1)
