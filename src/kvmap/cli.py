@@ -32,6 +32,7 @@ def generate(
     dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
     kv: str = typer.Option("bf16", help="KV spec, e.g. 'int8(granularity=token)'"),
     kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
+    quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
     max_tokens: int = typer.Option(64, help="Maximum new tokens"),
     temperature: float = typer.Option(0.0),
     top_p: float = typer.Option(1.0),
@@ -44,7 +45,8 @@ def generate(
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)
-        llm = LLM(model=model, dtype=dtype, kv=kv, kv_memory=kv_memory)
+        llm = LLM(model=model, dtype=dtype, kv=kv, kv_memory=kv_memory,
+                  quantization=quantization)
         out = (llm.chat([{"role": "user", "content": prompt}], params) if chat
                else llm.generate([prompt], params))[0]
     except (ValueError, FileNotFoundError) as e:

@@ -201,6 +201,7 @@ class EngineArgs:
     num_threads: int | None = None
     device: str | None = None
     seed: int = 0
+    quantization: str | None = None     # weights: None | int8 | w8a8 | int4 (model/wquant.py)
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)

@@ -23,6 +23,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
@@ -130,14 +131,16 @@ def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, d
     if run.state is None:
         # the paired delta vs the baseline cell is computed from the store
         metrics = dict(run.metrics)
-    elif cell.kv == baseline_kv:
+    elif cell.kv == baseline_kv and cell.model.quantization is None:
         metrics = evaluator.compare(run, run)
     else:
         # The comparison needs the baseline's own outputs (``TaskRun.state``, e.g. the
-        # log-probs for KL): run it here, after freeing this configuration's engine.
+        # log-probs for KL) -- unquantized weights, the dtype as KV codec: run it here,
+        # after freeing this configuration's engine.
         del llm
         gc.collect()
-        metrics = evaluator.compare(run, evaluator.run(make_llm(cell, baseline_kv), samples))
+        dense = replace(cell, model=replace(cell.model, quantization=None))
+        metrics = evaluator.compare(run, evaluator.run(make_llm(dense, baseline_kv), samples))
     metrics = {**metrics, "peak_kv_resident_bytes": run.metrics.get("kv_bytes_peak"), **info,
                "model_load_s": load_s, "baseline_kv": baseline_kv}
     return metrics, {"per_sample": run.per_sample}

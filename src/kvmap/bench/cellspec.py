@@ -24,6 +24,7 @@ class ScenarioError(ValueError):
 class ModelEntry:
     name: str                       # "smollm2", a .gguf path, a HF directory, "dummy:<shape>"
     dtype: str = "bf16"
+    quantization: str | None = None  # weights: None | int8 | w8a8 | int4 (model/wquant.py)
 
     @property
     def is_dummy(self) -> bool:
@@ -98,7 +99,7 @@ class CellSpec:
         """The engine of this cell (``kv``: another KV spec on the same engine)."""
         model = None if self.model.name.lower() == "smollm2" else self.model.name
         return replace(self.engine, model=model, dtype=self.model.dtype,
-                       kv=kv or self.kv, seed=self.seed)
+                       kv=kv or self.kv, seed=self.seed, quantization=self.model.quantization)
 
     def to_dict(self) -> dict:
         return asdict(self)

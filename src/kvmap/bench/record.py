@@ -52,6 +52,7 @@ class CellRecord:
                    dtype=cell.model.dtype, kv=cell.kv,
                    workload=w.name if w else None, task=t.name if t else None,
                    params=w.options if w else t.params, load=w.load if w else None,
+                   quantization=cell.model.quantization,
                    **values)
 
     def fail(self, error: str, traceback: str | None = None) -> None:

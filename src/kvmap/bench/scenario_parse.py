@@ -14,11 +14,12 @@ from kvmap.bench.cellspec import (ModelEntry, Scenario, ScenarioError, TaskEntry
 from kvmap.bench.scenario_checks import check_models
 from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
 from kvmap.metrics import normalize_slo, parse_slo
+from kvmap.model.wquant import QUANTIZATIONS
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
             "slo", "cell_timeout_s", "skip_unavailable"}
-MODEL_KEYS = {"name", "dtype"}
+MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
@@ -120,7 +121,12 @@ def _parse_models(raw: Any, problems: Problems, base_dir: Path) -> list[ModelEnt
                 and not Path(name).is_absolute():
             candidate = (base_dir / name).expanduser()
             name = str(candidate) if candidate.exists() else name
-        models.append(ModelEntry(name, dtype))
+        quantization = item.get("quantization")
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            problems.add(f"{where}.quantization", f"{quantization!r} is not one of "
+                         f"{', '.join(q for q in QUANTIZATIONS if q)} (or omitted)")
+            continue
+        models.append(ModelEntry(name, dtype, quantization))
     return models
 
 

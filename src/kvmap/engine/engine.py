@@ -57,7 +57,8 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.model_id = loaded.model_id
         if model is None:
-            model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device)
+            model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device,
+                               getattr(loaded, "quantization", None))
         self.model = model
         loaded.weights = None     # the model holds the fused copies now
         cc = config.cache

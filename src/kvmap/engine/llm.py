@@ -25,10 +25,12 @@ class LLM:
                  num_blocks: int | None = None, device: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, num_threads: int | None = None,
-                 seed: int = 0, *, args: EngineArgs | None = None):
+                 seed: int = 0, quantization: str | None = None, *,
+                 args: EngineArgs | None = None):
         """Keyword arguments are those of ``kvmap.config.EngineArgs`` (``kv_memory`` may
         be a byte size or ``"N tokens"`` of the model's bf16 KV); ``args`` gives them
-        as one ``EngineArgs`` instead."""
+        as one ``EngineArgs`` instead. ``quantization``: None | "int8" | "w8a8" | "int4",
+        the weights' format (``kvmap.model.wquant``), combinable with any ``kv`` spec."""
         if args is None:
             args = EngineArgs(model=model, dtype=dtype, kv=kv,
                               kv_memory=kv_memory if kv_memory is not None else "256MiB",
@@ -36,14 +38,16 @@ class LLM:
                               max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
                               enable_prefix_caching=enable_prefix_caching,
-                              num_threads=num_threads, device=device, seed=seed)
+                              num_threads=num_threads, device=device, seed=seed,
+                              quantization=quantization)
         from kvmap.model.loader import load_model   # heavy imports only when used
         kv_config = KVConfig.parse(args.kv)       # bad specs fail before loading weights
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         config = args.engine_config(device)
-        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), device)
+        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), device,
+                            quantization=args.quantization)
         self.engine = Engine(config, loaded, kv_config)
         self.tokenizer = self.engine.tokenizer
         self.config = config
@@ -102,6 +106,10 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True)
                    for c in convs]
         return self.generate(prompts, params)
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights as they run (quantized codes and scales)."""
+        return self.engine.model.weight_bytes
 
     def kv_usage(self) -> dict:
         """``Engine.stats().to_dict()``: pool bytes and blocks, queues, counters, tiers."""

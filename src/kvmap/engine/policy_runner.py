@@ -107,7 +107,8 @@ class PolicyRunner:
             layer_acc = acc[layer] if acc else None
             if layer in holes:                    # score only the slots the layer holds
                 first, end = holes[layer]
-                valid = torch.cat([torch.arange(first), torch.arange(end, L)])
+                valid = torch.cat([torch.arange(first, device=k.device),
+                                   torch.arange(end, L, device=k.device)])
                 k, v = k[valid], v[valid]
                 window = window[..., valid] if window is not None else None
                 layer_acc = layer_acc[:, valid] if layer_acc is not None else None
@@ -116,7 +117,7 @@ class PolicyRunner:
             kept = self.policy.select(inputs, layer_budget)           # (H, layer_budget)
             compact_layer(self.kv, layer, req.block_ids, k, v, kept)
             if layer_acc is not None:
-                kept_acc = torch.zeros(layer_acc.shape[0], budget)
+                kept_acc = torch.zeros(layer_acc.shape[0], budget, device=layer_acc.device)
                 kept_acc[:, :kept.shape[1]] = torch.gather(layer_acc, 1, kept)
                 acc[layer] = kept_acc
             if kept.shape[1] < budget:

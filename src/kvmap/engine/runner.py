@@ -102,4 +102,6 @@ class ModelRunner:
         input_ids, positions, meta, sample_rows, sampled = self.build(items, policy)
         hidden = self.model(input_ids, positions, meta, self.kv)
         logits = self.model.logits(hidden[sample_rows]) if sampled else hidden.new_empty(0)
+        if self.device.type == "cuda":      # the engine times the run (cost model, stats)
+            torch.cuda.synchronize(self.device)
         return StepOutput(logits, sampled, meta, hidden)

@@ -57,6 +57,9 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
         dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16 (also the baseline's "
                                                "KV codec)"),
         kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
+        quantization: Optional[str] = typer.Option(
+            None, help="Weights of every --kv run: int8 | w8a8 | int4 (the baseline "
+                       "keeps dense weights)"),
         threads: Optional[int] = typer.Option(None, help="Torch CPU threads (1 is fastest "
                                                          "on a busy machine)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -83,6 +86,7 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
                                   depths=tuple(depth or ()), num_needles=needles)
             result = evaluate(task, kv or [], options, model=model, dtype=dtype,
                               kv_memory=kv_memory, num_threads=threads, make_llm=make_llm,
+                              quantization=quantization,
                               log=lambda line: typer.echo(f"[eval] {line}", err=True))
         except (ValueError, FileNotFoundError) as e:
             fail(str(e))

@@ -14,6 +14,7 @@ from kvmap.kv.config import KVConfig
 def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOptions(), *,
              model: str | None = None, dtype: str = "bf16", kv_memory: str = "256MiB",
              num_threads: int | None = None, make_llm: Callable[[str], Any] | None = None,
+             quantization: str | None = None,
              log: Callable[[str], None] = lambda message: None) -> dict:
     """Run ``task`` for the baseline and each of ``kv_specs``; one result per spec, in order.
 
@@ -21,17 +22,24 @@ def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOpti
     against the model's are validated before any sample runs: ValueError names the bad
     value. ``make_llm(spec)`` builds one ``LLM`` (default: ``LLM(model, dtype, kv=spec,
     kv_memory, num_threads)``); one lives at a time. A spec equal to the baseline reuses its run.
+    ``quantization`` (``kvmap.model.wquant``): every spec runs on weights in that format,
+    compared with the baseline on dense weights (so a bf16 spec measures the weights alone).
     """
     evaluator = get_task(task, options)
     specs = [KVConfig.parse(spec).spec for spec in kv_specs]
     if not specs:
         raise ValueError("no KV spec to evaluate (give --kv at least once)")
     baseline_spec = dtype
+    if quantization is not None:
+        from kvmap.model.wquant import check_quantization
+        check_quantization(quantization, "cpu")
+        if make_llm is not None:
+            raise ValueError("quantization and a custom make_llm cannot be combined")
     if make_llm is None:
         from kvmap import LLM
-        def make_llm(spec: str):
+        def make_llm(spec: str, quantization: str | None = None):
             return LLM(model=model, dtype=dtype, kv=spec, kv_memory=kv_memory,
-                       num_threads=num_threads)
+                       num_threads=num_threads, quantization=quantization)
     llm = make_llm(baseline_spec)
     model_id = getattr(llm.engine, "model_id", model)
     _check_fits(evaluator, None, llm.model_config.max_position_embeddings, task, options)
@@ -43,11 +51,11 @@ def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOpti
     del llm
     results = []
     for spec in specs:
-        if spec == baseline_spec:
+        if spec == baseline_spec and quantization is None:
             run = baseline
         else:
             gc.collect()
-            llm = make_llm(spec)
+            llm = make_llm(spec, quantization) if quantization else make_llm(spec)
             run = _timed(log, task, spec, lambda: evaluator.run(llm, samples))
             del llm
         results.append({"kv": spec, "metrics": evaluator.compare(run, baseline),
@@ -55,7 +63,7 @@ def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOpti
         if run is not baseline:
             run.state = None                 # e.g. ppl's log-probs: samples x tokens x vocab
     gc.collect()
-    return {"task": task, "model": model_id, "dtype": dtype,
+    return {"task": task, "model": model_id, "dtype": dtype, "quantization": quantization,
             "baseline": {"kv": baseline_spec, "metrics": baseline.metrics,
                          "per_sample": baseline.per_sample},
             "results": results,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvmap.kv.codecs import Codec, LayerStore
+from kvmap.model import fused_decode
 from kvmap.model.quant_attention import decode_kv
 
 NEG_INF = float("-inf")
@@ -100,32 +101,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
     codec.write(store, meta.slot_ids, k, v)
     q = q * head_dim ** -0.5
     out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
-    B = meta.num_decode
-    if B:
-        # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
-        kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads)
-        qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
-            num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
-        scores = kv.scores(qd).view(num_kv_heads, B, group, -1)
-        scores += meta.decode_mask                                        # (H, B, G, L)
-        for b, (first, end) in meta.hidden.get(layer_idx, {}).get("decode", {}).items():
-            scores[:, b, :, first:end] = NEG_INF
-        if meta.offloaded_decode:
-            probs, lse_res = softmax_lse(scores)
-            probs = probs.to(scores.dtype)
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        if meta.want_scores:
-            stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
-            stats["decode"] = probs.float().sum(2).transpose(0, 1)        # (B, H, L)
-        o = kv.values(probs.view(num_kv_heads * B, group, -1))            # (H*B, G, D)
-        out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
-            B, num_heads * head_dim)
-        for b, ctx in meta.offloaded_decode.items():
-            shape = (num_kv_heads, group, 1, head_dim)
-            merged = _with_offloaded(q[b].view(shape), out[b].view(shape),
-                                     lse_res[:, b, :, None], ctx, layer_idx)
-            out[b] = merged.reshape(-1).to(out.dtype)
+    if meta.num_decode:
+        _decode(q, store, codec, meta, num_kv_heads, layer_idx, out)
     for i, seg in enumerate(meta.prefills):
         kc, vc = codec.read(store, seg.block_ids)                         # (nb, bs, H, D)
         L = seg.num_kv_slots
@@ -138,7 +115,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
             if meta.accumulate:
-                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L)
+                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L, device=q.device)
             stats["window"][i] = _window_attention(qs, kc, meta.observation_window, hole)
         ctx = meta.offloaded_prefill.get(i)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
@@ -148,6 +125,55 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
             o = _with_offloaded(qs, o, lse, ctx, layer_idx).to(o.dtype)
         out[seg.start:seg.end] = o.permute(2, 0, 1, 3).reshape(C, num_heads * head_dim)
     return out
+
+
+def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMetadata,
+            num_kv_heads: int, layer_idx: int, out: torch.Tensor) -> None:
+    """Attention of the B decode rows (the first B tokens; q pre-scaled) into out[:B]:
+    one compiled kernel on the CPU (``fused_decode``), else batched products over the
+    codes (``quant_attention``) or dequantized blocks."""
+    B = meta.num_decode
+    _, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    holes = meta.hidden.get(layer_idx, {}).get("decode", {})
+    if not meta.offloaded_decode and fused_decode.usable(q.device):
+        mask = meta.decode_mask[0, :, 0, :].float()                       # (B, L)
+        if holes:
+            mask = mask.clone()
+            for b, (first, end) in holes.items():
+                mask[b, first:end] = NEG_INF
+        fused = fused_decode.fused_decode_attention(
+            q[:B], store, codec, meta.decode_block_ids, mask, meta.want_scores)
+        if fused is not None:
+            out[:B], probs = fused
+            if meta.want_scores:
+                stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
+                stats["decode"] = probs
+            return
+    # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
+    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads)
+    qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
+        num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
+    scores = kv.scores(qd).view(num_kv_heads, B, group, -1)
+    scores += meta.decode_mask                                        # (H, B, G, L)
+    for b, (first, end) in holes.items():
+        scores[:, b, :, first:end] = NEG_INF
+    if meta.offloaded_decode:
+        probs, lse_res = softmax_lse(scores)
+        probs = probs.to(scores.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if meta.want_scores:
+        stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
+        stats["decode"] = probs.float().sum(2).transpose(0, 1)        # (B, H, L)
+    o = kv.values(probs.view(num_kv_heads * B, group, -1))            # (H*B, G, D)
+    out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
+        B, num_heads * head_dim)
+    for b, ctx in meta.offloaded_decode.items():
+        shape = (num_kv_heads, group, 1, head_dim)
+        merged = _with_offloaded(q[b].view(shape), out[b].view(shape),
+                                 lse_res[:, b, :, None], ctx, layer_idx)
+        out[b] = merged.reshape(-1).to(out.dtype)
 
 
 def softmax_lse(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,8 +232,8 @@ def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int,
     w = min(window, C)
     L = kc.shape[-1]
     scores = torch.matmul(qs[:, :, C - w:].float(), kc[:, None].float())   # (H, G, w, L)
-    q_pos = torch.arange(L - w, L)
-    scores.masked_fill_(torch.arange(L)[None, :] > q_pos[:, None], NEG_INF)
+    q_pos = torch.arange(L - w, L, device=qs.device)
+    scores.masked_fill_(torch.arange(L, device=qs.device)[None, :] > q_pos[:, None], NEG_INF)
     if hole is not None:
         scores[..., hole[0]:hole[1]] = NEG_INF
     return torch.softmax(scores, dim=-1).sum(1)

@@ -38,3 +38,78 @@ class PackedLinear:
     def num_bytes(self) -> int:
         n = self.weight.numel() * self.weight.element_size()
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+class Int8Linear:
+    """W8A16: y = (x @ q.T) * scale (+ b); q (out, in) int8, scale (out,) per channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        from kvmap.model.wquant import int8_per_channel
+        self.q, scale = int8_per_channel(weight)
+        self.dtype = weight.dtype
+        self.scale = scale.to(weight.dtype)          # the kernel wants x's dtype
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, (out, in) in the compute dtype."""
+        return (self.q.float() * self.scale.float()[:, None]).to(self.dtype)
+
+    @property
+    def num_bytes(self) -> int:
+        return _bytes(self.q, self.scale, self.bias)
+
+
+class W8A8Linear(Int8Linear):
+    """W8A8: activations quantized per token (int8, absmax), one int8 x int8 -> int32
+    product, then y = acc * x_scale * w_scale."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(weight, bias)
+        self.scale = self.scale.float()
+        self.qt = self.q.t()                          # (in, out) view for _int_mm
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from kvmap.model.wquant import int8_per_token
+        xq, xs = int8_per_token(x)
+        y = (torch._int_mm(xq, self.qt) * (xs * self.scale)).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear:
+    """Group-wise int4 (``wquant.int4_groups``) through the CPU int4 kernel; the packed
+    weight holds two codes a byte, scales and zeros (in/group, out, 2) in bf16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        from kvmap.model.wquant import INT4_GROUP_SIZE, int4_groups
+        q, scale, zero = int4_groups(weight)
+        self.group_size = INT4_GROUP_SIZE
+        self.dtype = weight.dtype
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.scales_zeros = torch.stack([scale.t(), zero.t()], -1).to(weight.dtype).contiguous()
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed,
+                                                        self.group_size, self.scales_zeros)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def num_bytes(self) -> int:
+        return _bytes(self.packed, self.scales_zeros, self.bias)
+
+
+def _bytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+LINEARS = {None: PackedLinear, "int8": Int8Linear, "w8a8": W8A8Linear, "int4": Int4Linear}
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None,
+                quantization: str | None = None):
+    """The layer for ``quantization`` (``wquant.QUANTIZATIONS``); checked by the caller."""
+    return LINEARS[quantization](weight, bias)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
-from kvmap.model.linear import PackedLinear
+from kvmap.model.linear import make_linear
+from kvmap.model.wquant import check_quantization
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -81,8 +82,15 @@ def _fold(matrix: torch.Tensor, norm_weight: torch.Tensor, dtype, device) -> tor
 
 class LlamaModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype, device: torch.device | str = "cpu",
+                 quantization: str | None = None):
+        """``quantization``: the format of the layer matrices (``wquant.QUANTIZATIONS``),
+        checked against the device and the shapes before any weight is converted."""
         super().__init__()
+        q_in = (config.hidden_size, config.num_heads * config.head_dim,
+                config.intermediate_size)
+        check_quantization(quantization, device, q_in)
+        self.quantization = quantization
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -105,20 +113,21 @@ class LlamaModel(torch.nn.Module):
                 bqkv = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
                                   w[a + "v_proj.bias"]])
             self.layers.append({
-                "qkv": PackedLinear(_fold(torch.cat([weights[a + "q_proj.weight"],
+                "qkv": make_linear(_fold(torch.cat([weights[a + "q_proj.weight"],
                                                      weights[a + "k_proj.weight"],
                                                      weights[a + "v_proj.weight"]]),
-                                          in_norm, dtype, self.device), bqkv),
-                "o": PackedLinear(w[a + "o_proj.weight"]),                 # (h, Hq*D)
-                "gate_up": PackedLinear(_fold(torch.cat([
+                                          in_norm, dtype, self.device), bqkv, quantization),
+                "o": make_linear(w[a + "o_proj.weight"], None, quantization),  # (h, Hq*D)
+                "gate_up": make_linear(_fold(torch.cat([
                     weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]),
-                    post_norm, dtype, self.device)),                       # (2F, h)
-                "down": PackedLinear(w[p + "mlp.down_proj.weight"]),       # (h, F)
+                    post_norm, dtype, self.device), None, quantization),   # (2F, h)
+                "down": make_linear(w[p + "mlp.down_proj.weight"], None, quantization),
             })
             for name in list(w):   # drop our references to the unfused copies early
                 if name.startswith(p):
                     del w[name]
-        self.head = PackedLinear(self.lm_head)                            # (V, h)
+        # the output head: int8 per channel under every weight format (wquant.py)
+        self.head = make_linear(self.lm_head, None, quantization and "int8")  # (V, h)
         self.rotary = Rotary(config, self.device)
 
     def _required_names(self) -> list[str]:
@@ -134,9 +143,12 @@ class LlamaModel(torch.nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of the model's weights (tied embeddings counted once)."""
-        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        total = sum(t.numel() * t.element_size() for t in tensors)
+        """Resident bytes of the model's weights as they run: quantized codes, scales and
+        zeros included; a tied embedding counted once, unless the head holds its own
+        quantized copy (then both)."""
+        tensors = [self.embed, self.norm]
+        head = self.head.num_bytes if self.quantization or self.lm_head is not self.embed else 0
+        total = sum(t.numel() * t.element_size() for t in tensors) + head
         return total + sum(lin.num_bytes for layer in self.layers for lin in layer.values())
 
     def _normed(self, x: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     model_id: str
     source: str
+    quantization: str | None = None     # weight format the model is built with (wquant.py)
 
 
 def embedded_model_path() -> Path:
@@ -78,14 +79,23 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat16,
                device: torch.device | str = "cpu", *, use_cache: bool = True,
-               num_layers: int | None = None, seed: int = 0) -> LoadedModel:
+               num_layers: int | None = None, seed: int = 0,
+               quantization: str | None = None) -> LoadedModel:
     """Load ``model`` (see the module docstring for accepted names).
 
     ``use_cache``: read/write converted GGUF weights in ``weights_cache``. ``num_layers``
     and ``seed`` apply to dummy models only. A path that does not exist, or a name that is
-    none of the accepted forms, raises ValueError naming it.
+    none of the accepted forms, raises ValueError naming it. ``quantization`` (name and
+    device checked here, before any weight is read) is what ``LlamaModel`` builds.
     """
-    dtype = resolve_dtype(dtype)
+    from kvmap.model.wquant import check_quantization
+    check_quantization(quantization, device)
+    loaded = _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
+    loaded.quantization = quantization
+    return loaded
+
+
+def _load(model, dtype, device, use_cache, num_layers, seed) -> LoadedModel:
     kind, path = resolve_model(model)
     if kind == "dummy":
         config, weights = load_dummy(model, dtype, device, num_layers=num_layers, seed=seed)

@@ -7,6 +7,7 @@ vLLM's fp8 / int8 / AWQ / GPTQ checkpoints. Per linear weight of ``out x in``:
     bf16   2 * out * in
     fp8    1 * out * in + 4                      one fp32 scale per tensor (vLLM fp8)
     int8   1 * out * in + 2 * out                one fp16 scale per output channel (W8A16)
+    w8a8   as int8 (activations are quantized on the fly, nothing stored)
     int4   out * in / 2 + out * G * (2 + 1/2)    G = ceil(in / 128) groups per row, each with
                                                  an fp16 scale and a 4-bit zero point
                                                  (AWQ / GPTQ, group size 128)
@@ -39,7 +40,7 @@ def _int4(out_features: int, in_features: int) -> float:
     return out_features * in_features / 2 + out_features * num_groups * 2.5
 
 
-WEIGHT_FORMATS = {"bf16": _bf16, "fp8": _fp8, "int8": _int8, "int4": _int4}
+WEIGHT_FORMATS = {"bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4}
 
 
 def _is_quantized_linear(name: str, shape: tuple[int, ...]) -> bool:
@@ -62,7 +63,7 @@ def _extra_expert_params(model: PlanModel) -> int:
 
 
 def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
-    """Bytes of all weights in format ``fmt`` (``bf16 | fp8 | int8 | int4``), rounded up."""
+    """Bytes of all weights in format ``fmt`` (``bf16 | fp8 | int8 | w8a8 | int4``), rounded up."""
     key = fmt.strip().lower()
     if key not in WEIGHT_FORMATS:
         raise ValueError(f"weights={fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")

@@ -167,26 +167,30 @@ def _link_bases(out: list[ConfigSummary]) -> None:
 
 def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
               slo: dict[str, float] | None = None, seed: int = 0) -> list[ConfigSummary]:
-    """One summary per (model, kv), in scenario order."""
+    """One summary per (model, weight quantization, kv), in scenario order."""
     slo = slo or {}
     primary = primary_workload(cells)
     swept = L.swept_workloads(cells)
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str | None, str], list[dict]] = {}
     for c in cells:
-        groups.setdefault((c["model"], c["kv"]), []).append(c)
-    several_models = len({m for m, _ in groups}) > 1
-    base_workloads = {(m, *_level_key(c)): c for (m, kv), cs in groups.items() for c in cs
-                      if c.get("workload") and c["status"] == "ok" and kv == c.get("dtype")}
-    baselines = {(m, c["task"]): c for (m, kv), cs in groups.items() for c in cs
-                 if c.get("task") and kv == c.get("dtype")}
+        groups.setdefault((c["model"], c.get("quantization"), c["kv"]), []).append(c)
+    several_models = len({m for m, _, _ in groups}) > 1
+    # the baseline: the model's dtype as KV codec, on unquantized weights
+    base_workloads = {(m, *_level_key(c)): c for (m, q, kv), cs in groups.items() for c in cs
+                      if c.get("workload") and c["status"] == "ok" and kv == c.get("dtype")
+                      and q is None}
+    baselines = {(m, c["task"]): c for (m, q, kv), cs in groups.items() for c in cs
+                 if c.get("task") and kv == c.get("dtype") and q is None}
     has_tasks = any(c.get("task") for c in cells)
     models_with_tasks = {c["model"] for c in cells if c.get("task")}
     out = []
-    for (model, kv), group in groups.items():
+    for (model, quantization, kv), group in groups.items():
         ok = [c for c in group if c["status"] == "ok"]
         dtype = group[0].get("dtype")
-        s = ConfigSummary(name=f"{model}: {kv}" if several_models else kv, kv=kv,
-                          model=model, dtype=dtype, is_baseline=kv == dtype,
+        label = f"{quantization} weights + {kv}" if quantization else kv
+        s = ConfigSummary(name=f"{model}: {label}" if several_models else label, kv=kv,
+                          model=model, dtype=dtype,
+                          is_baseline=kv == dtype and quantization is None,
                           num_cells=len(group), num_failed=len(group) - len(ok),
                           primary_workload=primary, complexity=complexity(kv, dtype),
                           accuracy_na=has_tasks and model not in models_with_tasks)

@@ -18,6 +18,7 @@ log = logging.getLogger("kvmap.server")
 
 
 def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf16",
+                 quantization: str | None = None,
                  kv_memory: str = "256MiB", num_blocks: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, max_queue: int | None = 256,
@@ -60,7 +61,7 @@ def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf
                         num_blocks=num_blocks, block_size=block_size,
                         max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens,
-                        device=device, seed=seed)
+                        device=device, seed=seed, quantization=quantization)
     if policy is not None:              # the starting level's own batch limits, if any
         config = replace(config, **policy.levels[0].scheduler_overrides())
     first, factory = make_engine_factory(config, kv)
@@ -95,6 +96,7 @@ def register(app: typer.Typer) -> None:
                                                 "more get 503."),
         adaptive: Optional[str] = typer.Option(None, help="Adaptive KV policy file (YAML)"),
         dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
+        quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
         kv_memory: str = typer.Option("256MiB", help="KV pool budget per engine: bytes "
                                      "(256MiB) or the model's bf16 tokens ('3072 tokens')"),
         max_num_seqs: int = typer.Option(64, help="Running sequences at once"),
@@ -132,7 +134,8 @@ def register(app: typer.Typer) -> None:
             fail(f"--max-body-bytes={max_body_bytes} must be >= 1")
         try:
             server_app, loop = build_server(
-                model, kv, dtype=dtype, kv_memory=kv_memory, max_num_seqs=max_num_seqs,
+                model, kv, dtype=dtype, quantization=quantization, kv_memory=kv_memory,
+                max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                 adaptive=adaptive, served_model_name=served_model_name,
                 max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,

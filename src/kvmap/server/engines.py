@@ -27,7 +27,8 @@ def make_engine_factory(config: EngineArgs, kv: str):
     kv_config = KVConfig.parse(kv)                 # a bad spec fails before loading weights
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine_config = replace(config, kv=kv).engine_config(device)
-    loaded = load_model(config.model, getattr(torch, DTYPES[config.dtype]), device)
+    loaded = load_model(config.model, getattr(torch, DTYPES[config.dtype]), device,
+                        quantization=config.quantization)
     if loaded.tokenizer is None:
         loaded.tokenizer = ByteTokenizer.for_model(loaded.config)
     first = Engine(engine_config, loaded, kv_config)

@@ -130,6 +130,32 @@ class SlotQuant(TensorQuant):
         return get("r"), get("z")
 
 
+def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               qk: TensorQuant, qv: TensorQuant) -> bool:
+    """Encode k and v (T, H, D) in one pass over both, stacked (2, T, H, D), when their
+    quantizers are plain :class:`SlotQuant` of one configuration (int8/int4/int2/fp8
+    with scale=max): every operator of the encode then runs once per layer instead of
+    twice (a decode step is mostly such small operators). The result is the same, value
+    for value, as ``qk.write`` then ``qv.write``. Returns False (nothing written) when
+    the quantizers differ or keep state (EMA, static ranges, per-block channels)."""
+    if not (type(qk) is SlotQuant and type(qv) is SlotQuant and qk.grid == qv.grid
+            and qk.symmetric == qv.symmetric and qk.granularity == qv.granularity
+            and qk.group_size == qv.group_size and k.shape == v.shape):
+        return False
+    T, H, D = k.shape
+    xv = torch.stack((k, v)).float().view(2, T, H, -1, qk.group_len(D))    # (2, T, H, G, g)
+    dims = tuple(d + 1 for d in REDUCE_DIMS[qk.granularity])
+    r, z = range_params(*minmax(xv, dims, qk.symmetric), qk.symmetric)   # (2, T|1, Hp, G, 1)
+    q = quantize(xv, r, z, qk.grid)                                        # (2, T, H, Ds)
+    for i, prefix in enumerate((qk.prefix, qv.prefix)):
+        flat_slots(store.blocks[f"{prefix}.q"]).index_copy_(0, slot_ids, q[i])
+        for name, p in (("r", r), ("z", z)):
+            if p is not None:
+                p_slots = p[i].squeeze(-1).expand(T, -1, -1)                  # (T, Hp, G)
+                flat_slots(store.blocks[f"{prefix}.{name}"]).index_copy_(0, slot_ids, p_slots)
+    return True
+
+
 class EmaQuant(SlotQuant):
     """Call-wide range smoothed over calls, per layer:
     ema = momentum * ema + (1 - momentum) * current (the first call sets ema = current).

@@ -29,7 +29,8 @@ from kvmap.kv.codecs.base import Codec, LayerStore, ScaledRead
 from kvmap.kv.codecs.block_quant import BlockQuant
 from kvmap.kv.codecs.calibrate import load_ranges
 from kvmap.kv.codecs.quant import Grid
-from kvmap.kv.codecs.quantizers import EmaQuant, SlotQuant, StaticQuant, TensorQuant
+from kvmap.kv.codecs.quantizers import (EmaQuant, SlotQuant, StaticQuant, TensorQuant,
+                                        write_pair)
 from kvmap.kv.spec import KVGeometry
 
 GRANULARITIES = {  # scale rule -> granularities it supports; the first is its default
@@ -76,6 +77,8 @@ class QuantCodec(Codec):
 
     def write(self, store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
+        if write_pair(store, slot_ids, k, v, self.quant["k"], self.quant["v"]):
+            return
         self.quant["k"].write(store, slot_ids, k)
         self.quant["v"].write(store, slot_ids, v)
 
