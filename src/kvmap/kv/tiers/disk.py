@@ -36,6 +36,7 @@ class DiskTier(Tier):
 
     name = "disk"
     verify_reads = True
+    authenticate = True
 
     def __init__(self, capacity_bytes: int, eviction="lru", on_evict=None,
                  directory: str | os.PathLike | None = None) -> None:

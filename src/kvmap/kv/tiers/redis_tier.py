@@ -39,6 +39,7 @@ class RedisTier(Tier):
 
     name = "redis"
     verify_reads = True
+    authenticate = True
 
     def __init__(self, capacity_bytes: int, eviction="lru", on_evict=None, *,
                  url: str = "redis://127.0.0.1:6390/0",

@@ -174,7 +174,7 @@ class TieredStore:
                 else:
                     frame = self.frames.decode(data, upper.codec)
                     data = self.frames.transcode(frame, upper.codec, lower.codec)
-            except ValueError as e:      # CorruptBlockError or FrameMismatch
+            except serde.DECODE_ERRORS as e:   # CorruptBlockError, FrameMismatch, ...
                 self.stats.errors["demote_" + _kind(e)] += 1
                 return
         lower.tier.put(key, data)
@@ -241,7 +241,7 @@ class TieredStore:
             return None
         try:
             frame = self.frames.decode(data, level.codec)
-        except ValueError as e:                 # CorruptBlockError or FrameMismatch
+        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
             self.stats.errors[_kind(e)] += 1
             level.tier.delete(block_hash)
             return None
