@@ -1,6 +1,6 @@
 """The tier-layout parts of a KV spec: ``tiers(...)`` and ``recompute``.
 
-    tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL, redis_size=SIZE,
+    tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL|env:NAME, redis_size=SIZE,
           evict=lru|lfu|arc, fetch=cost|always,
           prefetch=none|window|attention, page_blocks=N, prefetch_depth=N,
           prefetch_pages=N, host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)
@@ -106,9 +106,9 @@ class Tiers(Layout):
                 raise ValueError(f"tiers: {option}={o[option]} is given without {needs}=")
         redis = o["redis"]
         if redis is not None and (not isinstance(redis, str) or not redis.startswith(
-                ("redis://", "rediss://", "unix://"))):
+                ("redis://", "rediss://", "unix://", "env:"))):
             raise ValueError(f"tiers: redis={redis!r} is not a redis://, rediss:// or "
-                             "unix:// URL")
+                             "unix:// URL, nor env:NAME (the URL in variable NAME)")
         levels = []
         for name in LEVEL_NAMES:
             codec = _codec(o[f"{name}_codec"], f"{name}_codec")
