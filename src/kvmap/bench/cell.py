@@ -343,7 +343,23 @@ def _tier_metrics(usage: dict) -> dict:
     return {"tier_hit_rate": totals["num_hits"] / lookups if lookups else None,
             "io_bytes": totals["bytes_read"] + totals["bytes_written"] if has_io else None,
             "io_latency_s": totals["io_s"] if has_io else None,
-            "tiers": tiers}
+            "tiers": tiers, "tier_errors": sum(_tier_error_kinds(tiers).values())}
+
+
+def _tier_error_kinds(tiers: dict) -> dict:
+    """``{"redis:connection": 3, ...}``: every tier's counted faults, by tier and kind."""
+    return {f"{name}:{kind}": n for name, t in tiers.items() if isinstance(t, dict)
+            for kind, n in (t.get("errors") or {}).items() if n}
+
+
+def tier_error_warning(metrics: dict) -> str | None:
+    """The record warning that names a cell's tier faults (None when there were none):
+    a run with a dead Redis must not read as a clean run."""
+    kinds = _tier_error_kinds(metrics.get("tiers") or {})
+    if not kinds:
+        return None
+    return (f"TierErrors: {sum(kinds.values())} tier errors ("
+            + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())) + ")")
 
 
 def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, list]:
@@ -486,6 +502,8 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
             rows = []
     record["warnings"] = list(dict.fromkeys(
         f"{w.category.__name__}: {w.message}" for w in caught))[:20]
+    if tier_error_warning(record["metrics"]):
+        record["warnings"].insert(0, tier_error_warning(record["metrics"]))
     record["duration_s"] = time.perf_counter() - t0
     record["metrics"]["peak_rss_bytes"] = peak_rss_bytes()
     # How busy the machine was: timings from a shared, loaded machine are not comparable.
