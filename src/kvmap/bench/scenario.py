@@ -41,7 +41,8 @@ from kvmap.metrics import normalize_slo, parse_slo
 
 BUILTIN_SCENARIOS = ("default", "quick")
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
-            "slo", "cell_timeout_s", "skip_unavailable"}
+            "slo", "cell_timeout_s", "cell_memory_limit", "skip_unavailable"}
+DEFAULT_CELL_TIMEOUT_S = 1800.0     # a cell that hangs must not hang the run
 MODEL_KEYS = {"name", "dtype"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
@@ -115,6 +116,7 @@ class CellSpec:
     task: TaskEntry | None = None
     slo: dict | None = None
     timeout_s: float | None = None
+    memory_limit_bytes: int | None = None   # RLIMIT_AS of the cell process (None: none)
 
     @property
     def job(self) -> str:
@@ -150,7 +152,8 @@ class Scenario:
     tasks: tuple[TaskEntry, ...] = ()
     slo: dict | None = None
     engine: EngineSettings = EngineSettings()
-    cell_timeout_s: float | None = None
+    cell_timeout_s: float | None = DEFAULT_CELL_TIMEOUT_S
+    cell_memory_limit_bytes: int | None = None
     description: str = ""
     notes: tuple[str, ...] = ()     # what was skipped (skip_unavailable) and why
 
@@ -165,7 +168,8 @@ class Scenario:
                                     workload=job if is_workload else None,
                                     task=None if is_workload else job,
                                     slo=self.slo if is_workload else None,
-                                    timeout_s=self.cell_timeout_s)
+                                    timeout_s=self.cell_timeout_s,
+                                    memory_limit_bytes=self.cell_memory_limit_bytes)
                     cells.append(replace(cell, cell_id=_cell_id(cell)))
         return cells
 
@@ -176,15 +180,21 @@ class Scenario:
         """A hash of what the run computes (not the file's name, notes, description or
         cell timeout), so a resumed run may change those."""
         data = {k: v for k, v in self.to_dict().items()
-                if k not in ("source", "notes", "description", "cell_timeout_s")}
+                if k not in ("source", "notes", "description", "cell_timeout_s",
+                             "cell_memory_limit_bytes")}
         return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _cell_id(cell: CellSpec) -> str:
-    data = {k: v for k, v in cell.to_dict().items() if k not in ("cell_id", "timeout_s")}
+    """A slug and a hash of the secrets-free fields (``redact_obj``): a password in a
+    KV spec's URL never reaches a file name."""
+    from kvmap.kv.redact import redact_obj, redact_spec
+    data = redact_obj({k: v for k, v in cell.to_dict().items()
+                       if k not in ("cell_id", "timeout_s", "memory_limit_bytes")})
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
     model = Path(cell.model.name).stem if "/" in cell.model.name else cell.model.name
-    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{model}_{cell.job}_{cell.kv}").strip("-")
+    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-",
+                  redact_spec(f"{model}_{cell.job}_{cell.kv}")).strip("-")
     return f"{slug[:80]}_{digest}"
 
 
@@ -281,11 +291,12 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     if not _is_int(seed) or seed < 0:
         problems.add("seed", f"{seed!r} must be an integer >= 0")
         seed = 0
-    timeout_s = data.get("cell_timeout_s")
+    timeout_s = data.get("cell_timeout_s", DEFAULT_CELL_TIMEOUT_S)
     if timeout_s is not None and (not isinstance(timeout_s, (int, float))
                                   or isinstance(timeout_s, bool) or timeout_s <= 0):
         problems.add("cell_timeout_s", f"{timeout_s!r} must be a number of seconds > 0")
         timeout_s = None
+    memory_limit = _parse_memory_limit(data.get("cell_memory_limit"), problems)
     models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir)
     engine = _parse_engine(data.get("engine") or {}, problems)
     kv = _parse_kv(data.get("kv"), problems, notes, skip)
@@ -295,13 +306,50 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
     _check_models(models, kv, engine, workloads, tasks, problems, seed)
-    problems.raise_if_any()
+    _check_trace_arrivals(workloads, timeout_s, problems)
     name = data.get("name") or (Path(source).stem if not source.startswith("builtin:")
                                 else source[8:])
+    if re.search(r"[/\\\x00]|\.\.|^\.|^\s*$", str(name)):
+        problems.add("name", f"{name!r} must be a plain name (no '/', '\\', '..', "
+                             "leading '.'): it names the run directory")
+    problems.raise_if_any()
     return Scenario(name=str(name), source=source, seed=seed, models=tuple(models),
                     kv=tuple(kv), workloads=tuple(workloads), tasks=tuple(tasks), slo=slo,
                     engine=engine, cell_timeout_s=timeout_s,
+                    cell_memory_limit_bytes=memory_limit,
                     description=str(data.get("description") or ""), notes=tuple(notes))
+
+
+def _parse_memory_limit(raw: Any, problems: _Problems) -> int | None:
+    """``cell_memory_limit: 8GiB`` -> bytes (None: no limit)."""
+    from kvmap.config import parse_size
+    if raw is None:
+        return None
+    try:
+        limit = parse_size(raw, "cell_memory_limit")
+    except ValueError as e:
+        problems.add("cell_memory_limit", str(e))
+        return None
+    if limit < 256 << 20:
+        problems.add("cell_memory_limit", f"{raw!r} is below 256MiB, too small to load "
+                                          "torch")
+        return None
+    return limit
+
+
+def _check_trace_arrivals(workloads, timeout_s: float | None, problems: _Problems) -> None:
+    """A trace arrival past the cell timeout can only end in a timeout: refuse it now
+    (``arrival_s: 1e7`` would otherwise hang the cell until then)."""
+    from kvmap.workloads.trace import load_trace
+    if timeout_s is None:
+        return
+    for w in workloads:
+        if "trace" in w.options and "arrival" not in w.options:
+            last_s = max((e.arrival_s for e in load_trace(w.options["trace"])), default=0.0)
+            if last_s > timeout_s:
+                problems.add(f"workloads.{w.name}.trace", f"an arrival at {last_s:g} s is "
+                             f"past cell_timeout_s={timeout_s:g}; the cell could only time "
+                             "out")
 
 
 def _is_int(value: Any) -> bool:
