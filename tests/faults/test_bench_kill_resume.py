@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,32 @@ def summary(run_dir: Path):
     return per_cell, tokens
 
 
+def stored_cells(out: Path) -> int:
+    try:
+        return len(RunStore(out).cells())
+    except (sqlite3.Error, OSError, ValueError):
+        return 0
+
+
+def kill_at_a_random_point(folder: Path, out: Path, seed: int, num_cells: int) -> dict:
+    """Start ``kvmap bench``; once a seeded number of cells (0 .. num_cells - 1) is
+    stored, wait a seeded fraction of a second more and SIGKILL it."""
+    rng = random.Random(seed)
+    target, extra_s = rng.randrange(num_cells), rng.uniform(0.0, 1.0)
+    proc = subprocess.Popen(bench_cmd(folder, out), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env())
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and stored_cells(out) < target and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(extra_s)
+    killed = proc.poll() is None
+    if killed:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return {"seed": seed, "after_cells": target, "extra_s": extra_s, "killed": killed,
+            "cells_stored_at_kill": stored_cells(out)}
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("killresume")
@@ -74,27 +101,21 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(folder):
     out = folder / "clean"
-    start_s = time.monotonic()
     done = subprocess.run(bench_cmd(folder, out), capture_output=True, text=True, env=env(),
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     per_cell, tokens = summary(out)
     assert len(per_cell) == 3 and all(s == "ok" for s, _, _ in per_cell.values())
-    return per_cell, tokens, time.monotonic() - start_s
+    return per_cell, tokens
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_kill_9_then_resume_equals_an_uninterrupted_run(seed, folder, uninterrupted):
-    expected_cells, expected_tokens, duration_s = uninterrupted
+    expected_cells, expected_tokens = uninterrupted
     out = folder / f"killed-{seed}"
-    kill_at_s = random.Random(seed).uniform(0.5, 0.9 * duration_s)
-    proc = subprocess.Popen(bench_cmd(folder, out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env())
-    try:
-        proc.wait(timeout=kill_at_s)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill = kill_at_a_random_point(folder, out, seed, len(expected_cells))
+    assert kill["killed"], kill                  # it was still running: a real interruption
+    assert kill["cells_stored_at_kill"] < len(expected_cells)
     done = subprocess.run(bench_cmd(folder, out), capture_output=True, text=True, env=env(),
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
