@@ -107,11 +107,10 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
         backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
-    with RunLock(run_dir):          # before anything is read or written there
-        backend.open(cells)
-        with backend:
-                return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
-                              show_progress, command, t_start)
+    backend.open(cells)
+    with backend, RunLock(run_dir):     # before anything is read or written there
+        return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
+                          show_progress, command, t_start)
 
 
 def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,

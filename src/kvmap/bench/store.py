@@ -303,10 +303,17 @@ class RunLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            os.close(self._fd)       # closing the descriptor releases the lock
-            self._fd = None
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        try:                         # a run refused before storing leaves no directory
+            if [p.name for p in self.path.parent.iterdir()] == [LOCK_NAME]:
+                self.path.unlink()
+                self.path.parent.rmdir()
+        except OSError:
+            pass
+        os.close(self._fd)           # closing the descriptor releases the lock
+        self._fd = None
 
 
 def requests_table(rows: list[dict]) -> pa.Table:
