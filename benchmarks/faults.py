@@ -39,7 +39,7 @@ from common import write_record  # noqa: E402
 from tests.conftest import make_tiny_llm  # noqa: E402
 from tests.faults import test_bench_kill_resume as kill  # noqa: E402
 from tests.faults.slow_proxy import SlowProxy  # noqa: E402
-from tests.faults.test_tampered_frames import TAMPERS, Watch  # noqa: E402
+from tests.faults.test_tampered_frames import TAMPERS, make_watch  # noqa: E402
 from tests.kv.tiers.conftest import RedisServer  # noqa: E402
 from tests.kv.tiers.test_store import NUM_BLOCKS, run_conversations  # noqa: E402
 
@@ -100,18 +100,23 @@ def redis_case(case: str, server: RedisServer, reference) -> dict:
     return out
 
 
+class _Request:
+    """What ``make_watch`` asks of a pytest request, outside pytest."""
+
+    def __init__(self, fixtures: dict) -> None:
+        self.fixtures, self.finalizers = fixtures, []
+
+    def getfixturevalue(self, name: str):
+        return self.fixtures[name]
+
+    def addfinalizer(self, fn) -> None:
+        self.finalizers.append(fn)
+
+
 def tamper_case(where: str, how: str, server: RedisServer, reference) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        spec = (f"fp32+tiers(disk=1MiB,disk_path={d},fetch=always)" if where == "disk"
-                else f"fp32+tiers(redis={server.url},fetch=always)")
-        llm = make_tiny_llm(kv=spec, num_blocks=NUM_BLOCKS)
-        t = llm.engine.store.levels[0].tier
-        if where == "disk":
-            watch = Watch(t, how, lambda k: t.path_of(k).read_bytes(),
-                          lambda k, b: t.path_of(k).write_bytes(b))
-        else:
-            watch = Watch(t, how, lambda k: t.client.get(t._rkey(k)),
-                          lambda k, b: t.client.set(t._rkey(k), b))
+        request = _Request({"tmp_path": Path(d), "redis_server": server})
+        llm, watch = make_watch(where, how, request)
         num_tampered = []
 
         def between(turn, conversation):
@@ -119,11 +124,12 @@ def tamper_case(where: str, how: str, server: RedisServer, reference) -> dict:
                 watch.tamper()
                 num_tampered.append(len(watch.tampered))
         answers = run_conversations(llm, between)
-        e = t.stats.errors
+        e = watch.tier.stats.errors
         out = {"num_tampered": num_tampered[0], "num_read_again": watch.num_read_again,
                "num_detected": e.get("corrupt", 0) + e.get("auth", 0) - watch.errors_before,
                "num_served": watch.num_served, "tokens_equal": answers == reference}
-        llm.engine.close()
+        for fn in request.finalizers:
+            fn()
         return out
 
 

@@ -3,16 +3,4 @@ tests' own on loopback and real ``kvmap bench`` processes; every test asserts co
 (tokens, completion, nothing lost, nothing leaked), never timing."""
 from __future__ import annotations
 
-import pytest
-
-from tests.kv.tiers.conftest import SKIP_REASON, RedisServer
-
-
-@pytest.fixture
-def redis_server():
-    """A redis-server of the test's own, which the test may kill, pause and restart."""
-    if SKIP_REASON:
-        pytest.skip(SKIP_REASON)
-    server = RedisServer().start()
-    yield server
-    server.kill()
+from tests.kv.tiers.conftest import redis_server  # noqa: F401  (a server to kill/pause)

@@ -88,34 +88,29 @@ class Watch:
         assert self._detected() - self.errors_before == self.num_read_again   # 100%
 
 
+def make_watch(where: str, how: str, request):
+    """An engine over a disk or a Redis tier, and a Watch of that tier."""
+    if where == "disk":
+        spec = f"disk=1MiB,disk_path={request.getfixturevalue('tmp_path')}"
+    else:
+        spec = f"redis={request.getfixturevalue('redis_server').url}"
+    llm = make_tiny_llm(kv=f"fp32+tiers({spec},fetch=always)", num_blocks=NUM_BLOCKS)
+    request.addfinalizer(llm.engine.close)
+    t = llm.engine.store.levels[0].tier
+    if where == "disk":
+        return llm, Watch(t, how, lambda k: t.path_of(k).read_bytes(),
+                          lambda k, d: t.path_of(k).write_bytes(d))
+    return llm, Watch(t, how, lambda k: t.client.get(t._rkey(k)),
+                      lambda k, d: t.client.set(t._rkey(k), d))
+
+
 @pytest.mark.parametrize("how", TAMPERS)
-def test_tampered_disk_frames_are_detected(how, tmp_path, no_tier_answers):
-    llm = make_tiny_llm(kv=f"fp32+tiers(disk=1MiB,disk_path={tmp_path},fetch=always)",
-                        num_blocks=NUM_BLOCKS)
-    disk = llm.engine.store.levels[0].tier
-    watch = Watch(disk, how, lambda k: disk.path_of(k).read_bytes(),
-                  lambda k, d: disk.path_of(k).write_bytes(d))
+@pytest.mark.parametrize("where", ["disk", pytest.param("redis", marks=pytest.mark.redis)])
+def test_tampered_frames_are_detected(where, how, request, no_tier_answers):
+    llm, watch = make_watch(where, how, request)
 
     def between(turn, conversation):
         if (turn, conversation) == (1, 0):
             watch.tamper()
     watch.check(run_conversations(llm, between), no_tier_answers)
     llm.engine.check_integrity()
-    llm.engine.close()
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("how", TAMPERS)
-def test_tampered_redis_frames_are_detected(how, redis_server, no_tier_answers):
-    llm = make_tiny_llm(kv=f"fp32+tiers(redis={redis_server.url},fetch=always)",
-                        num_blocks=NUM_BLOCKS)
-    tier = llm.engine.store.levels[0].tier
-    watch = Watch(tier, how, lambda k: tier.client.get(tier._rkey(k)),
-                  lambda k, d: tier.client.set(tier._rkey(k), d))
-
-    def between(turn, conversation):
-        if (turn, conversation) == (1, 0):
-            watch.tamper()
-    watch.check(run_conversations(llm, between), no_tier_answers)
-    llm.engine.check_integrity()
-    llm.engine.close()

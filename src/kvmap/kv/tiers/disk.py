@@ -32,6 +32,7 @@ import weakref
 from pathlib import Path
 
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
+from kvmap.kv.tiers.owner import pid_alive
 
 SUFFIX = ".kvb"
 DIR_PREFIX = "kvmap-disk-"
@@ -42,16 +43,6 @@ log = logging.getLogger(__name__)
 
 class TmpfsWarning(RuntimeWarning):
     """A disk tier whose directory is in RAM."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_dead_directories(parent: str | os.PathLike) -> list[Path]:
@@ -65,7 +56,7 @@ def sweep_dead_directories(parent: str | os.PathLike) -> list[Path]:
     for path in entries:
         m = _PRIVATE_DIR.match(path.name)
         if m and path.is_dir() and int(m.group(1)) != os.getpid() \
-                and not _pid_alive(int(m.group(1))):
+                and not pid_alive(int(m.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

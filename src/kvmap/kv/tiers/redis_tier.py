@@ -44,6 +44,7 @@ from redis.retry import Retry
 
 from kvmap.kv.redact import redact_spec
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
+from kvmap.kv.tiers.owner import pid_alive
 
 _DOWN_ERRORS = {redis.exceptions.ConnectionError: "connection",
                 redis.exceptions.TimeoutError: "timeout"}
@@ -74,16 +75,6 @@ def private_prefix() -> str:
     return f"kvmap:{_host_tag()}:{os.getpid()}:{uuid.uuid4().hex[:12]}:"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_dead_namespaces(client) -> int:
     """Delete the private namespaces of dead processes of this host; the number of keys
     deleted. Namespaces of other hosts and shared ones are left to their TTLs."""
@@ -97,7 +88,7 @@ def sweep_dead_namespaces(client) -> int:
         if len(parts) < 5 or not parts[2].isdigit():
             continue
         pid = int(parts[2])
-        if pid != os.getpid() and (b":".join(parts[:4]) in dead or not _pid_alive(pid)):
+        if pid != os.getpid() and (b":".join(parts[:4]) in dead or not pid_alive(pid)):
             dead.add(b":".join(parts[:4]))
             deleted += client.unlink(rkey)
     return deleted
