@@ -27,6 +27,12 @@ def spawn_and_hang(llm, pid_file=""):
     open(pid_file, "w").write(str(child.pid))
     time.sleep(600)
 
+def hang(llm):
+    time.sleep(600)
+
+def oom_score(llm):
+    return {"oom_score_adj": int(open("/proc/self/oom_score_adj").read())}
+
 def hog(llm, gib=64):
     return {"n": len(bytearray(gib << 30))}
 '''
@@ -116,6 +122,22 @@ def test_a_timed_out_cell_takes_its_children_with_it(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"grandchild {pid} survived the cell's timeout")
+
+
+def test_a_killed_cells_tier_storage_is_swept(tmp_path):
+    disk_path = tmp_path / "kv"
+    s = scenario(tmp_path, f"cell_timeout_s: 6\n"
+                           f"kv: [\"fp32+tiers(disk=1MiB,disk_path={disk_path})\"]\n"
+                           'tasks:\n  - {name: h, task: "tasks.py:hang"}\n')
+    result, _ = run(s, tmp_path / "run")
+    assert "timed out" in result.cells[0]["error"]
+    assert list(disk_path.iterdir()) == []        # the dead cell's kvmap-disk-<pid>-* dir
+
+
+def test_the_cell_is_the_oom_killers_first_choice(tmp_path):
+    s = scenario(tmp_path, 'tasks:\n  - {name: o, task: "tasks.py:oom_score"}\n')
+    result, _ = run(s, tmp_path / "run")
+    assert result.cells[0]["metrics"]["oom_score_adj"] == 1000
 
 
 def test_cell_memory_limit_fails_the_cell_not_the_machine(tmp_path):

@@ -95,6 +95,33 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def sweep_after_kill(kv_spec: str) -> None:
+    """After a cell was killed (it ran no clean-up): remove the tier storage of dead
+    processes that its spec points at -- disk directories under the temp dir and its
+    ``disk_path``, private namespaces in its Redis. Best effort, never raises."""
+    try:
+        from kvmap.kv.config import KVConfig
+        from kvmap.kv.tiers.disk import sweep_dead_directories
+        import tempfile
+        sweep_dead_directories(tempfile.gettempdir())
+        layout = KVConfig.parse(kv_spec).tiers
+        for level in getattr(layout, "levels", ()):
+            if level.name == "disk" and "directory" in level.backend_options:
+                sweep_dead_directories(level.backend_options["directory"])
+            elif level.name == "redis":
+                import redis
+                from kvmap.kv.tiers.redis_tier import resolve_url, sweep_dead_namespaces
+                client = redis.Redis.from_url(resolve_url(level.backend_options["url"]),
+                                              socket_timeout=1.0,
+                                              socket_connect_timeout=1.0)
+                try:
+                    sweep_dead_namespaces(client)
+                finally:
+                    client.close()
+    except Exception:  # noqa: BLE001 -- clean-up must not turn a failed cell into a crash
+        pass
+
+
 def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                         on_fraction: Callable[[float], None] = lambda f: None,
                         python: str = sys.executable) -> tuple[dict, list[dict]]:
@@ -151,6 +178,8 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
         reader.join(timeout=5)
     duration_s = time.perf_counter() - t0
     cell_path.unlink(missing_ok=True)
+    if timed_out or proc.returncode != 0:
+        sweep_after_kill(cell.kv)
     if timed_out:
         result_path.unlink(missing_ok=True)
         return failed_record(cell, f"timed out after {cell.timeout_s:g} s (cell_timeout_s)",
