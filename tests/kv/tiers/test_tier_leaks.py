@@ -99,6 +99,27 @@ def test_redis_keys_have_a_ttl_and_env_urls_resolve(redis_server, monkeypatch):
 
 
 @pytest.mark.redis
+def test_redis_password_from_the_environment(redis_server, monkeypatch):
+    import redis
+    from kvmap.kv.tiers.redis_tier import RedisTier
+    redis.Redis(port=redis_server.port).config_set("requirepass", "envpw-123")
+    monkeypatch.setenv("KVMAP_REDIS_PASSWORD", "envpw-123")
+    tier = RedisTier(1 << 20, url=redis_server.url)
+    try:
+        assert tier.put("a", FRAME) and tier.get("a") == FRAME and not tier.stats.errors
+        assert "envpw" not in tier.url and "envpw" not in repr(tier)
+    finally:
+        tier.close()
+    monkeypatch.setenv("KVMAP_TEST_REDIS", f"redis://:envpw-123@127.0.0.1:{redis_server.port}/0")
+    monkeypatch.delenv("KVMAP_REDIS_PASSWORD")
+    tier = RedisTier(1 << 20, url="env:KVMAP_TEST_REDIS")
+    try:
+        assert tier.put("a", FRAME) and tier.url == redis_server.url
+    finally:
+        tier.close()
+
+
+@pytest.mark.redis
 def test_redis_namespace_deleted_at_exit_and_after_a_kill_on_next_start(redis_server):
     import redis
     client = redis.Redis.from_url(redis_server.url)

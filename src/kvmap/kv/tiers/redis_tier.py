@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import time
 import uuid
@@ -67,7 +68,8 @@ def resolve_url(url: str) -> str:
 
 
 def _host_tag() -> str:
-    return socket.gethostname().replace(":", "_")[:64]
+    """The host name, safe inside a key and a SCAN pattern (no ':', no glob characters)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
 
 
 def private_prefix() -> str:
