@@ -164,3 +164,14 @@ def test_tier_errors_reach_the_record_and_the_checklist(tmp_path):
     items = [i for items in analyze(load_run(tmp_path / "run")).checklist.values()
              for i in items if i.item.startswith("tier errors")]
     assert [i.status for i in items] == ["FAIL"]      # Redis down throughout: no tier hit
+
+
+def test_input_files_name_the_task_module_and_the_trace(tmp_path):
+    from kvmap.bench.inputs import changed_files, input_files
+    (tmp_path / "t.jsonl").write_text('{"arrival_s": 0.0, "prompt_tokens": 8, "max_tokens": 2}\n')
+    s = scenario(tmp_path, 'tasks:\n  - {name: o, task: "tasks.py:oom_score"}\n'
+                           "workloads:\n  - {name: r, kind: trace, trace: t.jsonl}\n")
+    files = input_files(s)
+    assert {str((tmp_path / n).resolve()) for n in ("tasks.py", "t.jsonl")} <= set(files)
+    (tmp_path / "tasks.py").write_text(TASKS_PY + "\n# edited\n")
+    assert changed_files(files, input_files(s)) == [str((tmp_path / "tasks.py").resolve())]
