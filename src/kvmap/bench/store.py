@@ -59,6 +59,7 @@ REQUEST_SCHEMA = pa.schema([
     ("expected", pa.string()), ("correct", pa.bool_()), ("needle_depth", pa.float64()),
     ("output_text", pa.string()),
 ])
+_MODEL_TEXT = ("output_text", "expected")    # what the model wrote is stored as written
 _CELL_COLUMNS = ("cell_id", "ordinal", "status", "kind", "model", "dtype", "kv", "workload",
                  "task", "started_at", "duration_s", "error", "record")
 
@@ -216,8 +217,11 @@ class RunStore:
     # ---- cells ---------------------------------------------------------------------
     def write_cell(self, record: dict, rows: list[dict], ordinal: int) -> None:
         """Store one finished cell: its rows (Parquet part) first, then its record.
-        Strings are redacted (``kvmap.kv.redact``) on the way in."""
-        record, rows = redact_obj(record), redact_obj(rows)
+        Strings are redacted (``kvmap.kv.redact``) on the way in, except the model's
+        own text (``output_text``, ``expected``)."""
+        record = redact_obj(record)
+        rows = [{k: v if k in _MODEL_TEXT else redact_obj(v) for k, v in row.items()}
+                for row in rows]
         part = self.part_path(record["cell_id"])
         if rows:
             part.parent.mkdir(parents=True, exist_ok=True)
