@@ -166,13 +166,24 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
             rows = []
     record.warnings = list(dict.fromkeys(
         f"{w.category.__name__}: {w.message}" for w in caught))[:20]
-    tier_errors = record.metrics.get("tier_errors")
-    if tier_errors:
-        record.warnings.append(f"tier errors: {tier_errors} (failed reads/writes/decodes)")
+    warning = tier_error_warning(record.metrics)
+    if warning:
+        record.warnings.insert(0, warning)
     record.duration_s = time.perf_counter() - t0
     record.metrics["peak_rss_bytes"] = peak_rss_bytes()
     record.env = machine_env(load_start)
     return record.to_dict(), jsonable(rows)
+
+
+def tier_error_warning(metrics: dict) -> str | None:
+    """The record warning that names a cell's tier faults by tier and kind (None when
+    there were none): a run with a dead Redis must not read as a clean run."""
+    kinds = {f"{name}:{kind}": n for name, t in (metrics.get("tiers") or {}).items()
+             for kind, n in (t.get("errors") or {}).items() if n}
+    if not kinds:
+        return None
+    return (f"TierErrors: {sum(kinds.values())} tier errors ("
+            + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())) + ")")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,11 +7,18 @@ temporary directory on its worker (so workers need no shared filesystem). It ret
 crash and a timeout all come back as a record with ``"status": "failed"`` and its error.
 ``KeyboardInterrupt`` (or any other exception in the caller's thread) kills the child and
 propagates.
+
+Limits: the child runs in a session of its own, so a timeout or an interrupt kills its
+whole process group (its own children too); its OOM score is raised (the kernel picks it,
+not the runner); ``cell.memory_limit_bytes`` caps its address space (``RLIMIT_AS``; a cell
+over it fails with a MemoryError in its record). Its log lines are redacted.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +28,9 @@ from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.record import PROGRESS_PREFIX, CellRecord
+from kvmap.kv.redact import redact_spec
+
+OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner
 
 
 def failed_record(cell: CellSpec, error: str, duration_s: float) -> dict:
@@ -49,10 +59,59 @@ def _die_with_parent() -> None:
     """In the child, before exec (Linux): be killed when the process that started us
     dies -- a Ray worker killed at shutdown must not leave its cell running."""
     import ctypes
-    import signal
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
+        pass
+
+
+def _child_setup(memory_limit_bytes: int | None):
+    """What the child does before exec: die with its parent, raise its OOM score, cap its
+    address space. Runs between fork and exec: no locks, no imports beyond these."""
+    def setup() -> None:
+        _die_with_parent()
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(OOM_SCORE_ADJ))
+        except OSError:
+            pass
+        if memory_limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    return setup
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child leads it: ``start_new_session``)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def sweep_after_kill(kv_spec: str) -> None:
+    """After a cell was killed (it ran no clean-up): remove the tier storage of dead
+    processes that its spec points at -- disk directories under the temp dir and its
+    ``disk_path``, private namespaces in its Redis. Best effort, never raises."""
+    try:
+        from kvmap.kv.config import KVConfig
+        from kvmap.kv.tiers.disk import sweep_dead_directories
+        import tempfile
+        sweep_dead_directories(tempfile.gettempdir())
+        layout = KVConfig.parse(kv_spec).tiers
+        for level in getattr(layout, "levels", ()):
+            if level.name == "disk" and "directory" in level.backend_options:
+                sweep_dead_directories(level.backend_options["directory"])
+            elif level.name == "redis":
+                import redis
+                from kvmap.kv.tiers.redis_tier import resolve_url, sweep_dead_namespaces
+                client = redis.Redis.from_url(resolve_url(level.backend_options["url"]),
+                                              socket_timeout=1.0,
+                                              socket_connect_timeout=1.0)
+                try:
+                    sweep_dead_namespaces(client)
+                finally:
+                    client.close()
+    except Exception:  # noqa: BLE001 -- clean-up must not turn a failed cell into a crash
         pass
 
 
@@ -66,7 +125,10 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
     work_dir.mkdir(parents=True, exist_ok=True)
     cell_path = work_dir / f"{cell.cell_id}.cell.json"
     result_path = work_dir / f"{cell.cell_id}.out.json"
-    cell_path.write_text(json.dumps(cell.to_dict()))
+    # the cell's own spec (a Redis URL may carry a password): readable by us alone
+    fd = os.open(cell_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(cell.to_dict()))
     result_path.unlink(missing_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -74,8 +136,10 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
         proc = subprocess.Popen([python, "-m", "kvmap.bench.cell", str(cell_path),
                                  str(result_path)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=child_env(),
-                                preexec_fn=_die_with_parent if sys.platform == "linux"
-                                else None)
+                                start_new_session=True,
+                                preexec_fn=_child_setup(getattr(cell, "memory_limit_bytes",
+                                                                None))
+                                if sys.platform == "linux" else None)
 
         def pump() -> None:               # progress lines -> callback, the rest -> log
             for line in proc.stdout:
@@ -85,7 +149,7 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                     except (ValueError, KeyError):
                         pass
                 else:
-                    log.write(line)
+                    log.write(redact_spec(line))
                     log.flush()
 
         reader = threading.Thread(target=pump, daemon=True)
@@ -94,18 +158,21 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
         try:
             while proc.poll() is None:
                 if cell.timeout_s is not None and time.perf_counter() - t0 > cell.timeout_s:
-                    proc.kill()
+                    _kill_group(proc)
                     timed_out = True
                     break
                 time.sleep(0.1)
             proc.wait()
+            _kill_group(proc)             # a grandchild the cell left behind
         except BaseException:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
             raise
         reader.join(timeout=5)
     duration_s = time.perf_counter() - t0
     cell_path.unlink(missing_ok=True)
+    if timed_out or proc.returncode != 0:
+        sweep_after_kill(cell.kv)
     if timed_out:
         result_path.unlink(missing_ok=True)
         return failed_record(cell, f"timed out after {cell.timeout_s:g} s (cell_timeout_s)",

@@ -12,8 +12,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvmap.config import EngineArgs
+from kvmap.kv.redact import redact_obj, redact_spec
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.workloads.options import workload_spec
+
+DEFAULT_CELL_TIMEOUT_S = 1800.0     # a cell that hangs must not hang the run
 
 
 class ScenarioError(ValueError):
@@ -83,6 +86,7 @@ class CellSpec:
     task: TaskEntry | None = None
     slo: dict | None = None
     timeout_s: float | None = None
+    memory_limit_bytes: int | None = None   # RLIMIT_AS of the cell process (None: none)
 
     @property
     def job(self) -> str:
@@ -130,7 +134,8 @@ class Scenario:
     tasks: tuple[TaskEntry, ...] = ()
     slo: dict | None = None
     engine: EngineArgs = EngineArgs()
-    cell_timeout_s: float | None = None
+    cell_timeout_s: float | None = DEFAULT_CELL_TIMEOUT_S
+    cell_memory_limit_bytes: int | None = None
     description: str = ""
     notes: tuple[str, ...] = ()     # what was skipped (skip_unavailable) and why
 
@@ -164,7 +169,7 @@ class Scenario:
 
     def _cell(self, model: ModelEntry, kv: str, engine: EngineArgs, **job) -> CellSpec:
         cell = CellSpec("", model, kv, engine, self.seed, timeout_s=self.cell_timeout_s,
-                        **job)
+                        memory_limit_bytes=self.cell_memory_limit_bytes, **job)
         return replace(cell, cell_id=_cell_id(cell))
 
     def to_dict(self) -> dict:
@@ -174,13 +179,18 @@ class Scenario:
         """A hash of what the run computes (not the file's name, notes, description or
         cell timeout), so a resumed run may change those."""
         data = {k: v for k, v in self.to_dict().items()
-                if k not in ("source", "notes", "description", "cell_timeout_s")}
+                if k not in ("source", "notes", "description", "cell_timeout_s",
+                             "cell_memory_limit_bytes")}
         return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _cell_id(cell: CellSpec) -> str:
-    data = {k: v for k, v in cell.to_dict().items() if k not in ("cell_id", "timeout_s")}
+    """A slug and a hash of the secrets-free fields (``redact_obj``): a password in a
+    KV spec's URL never reaches a file name."""
+    data = redact_obj({k: v for k, v in cell.to_dict().items()
+                       if k not in ("cell_id", "timeout_s", "memory_limit_bytes")})
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
     model = Path(cell.model.name).stem if "/" in cell.model.name else cell.model.name
-    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{model}_{cell.job}_{cell.kv}").strip("-")
+    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-",
+                  redact_spec(f"{model}_{cell.job}_{cell.kv}")).strip("-")
     return f"{slug[:80]}_{digest}"

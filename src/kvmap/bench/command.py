@@ -45,31 +45,34 @@ def bench(
     from kvmap.bench.scenario import load_scenario
     from kvmap.bench.summary import cell_rows, summary_table
 
+    from rich.markup import escape
+
+    from kvmap.kv.redact import redact_spec
     err = Console(stderr=True)
     try:
         parsed = load_scenario(scenario, quick=quick)
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {redact_spec(str(e))}", err=True)
         raise typer.Exit(code=2) from None
     for note in parsed.notes:
-        err.print(f"note: {note}")
+        err.print(f"note: {escape(redact_spec(note))}")
     run_dir = out or default_run_dir(parsed)
     cells = parsed.cells()
-    err.print(f"scenario {parsed.name!r}: {len(cells)} cells "
+    err.print(f"scenario {escape(repr(parsed.name))}: {len(cells)} cells "
               f"({len(parsed.models)} model(s), {len(parsed.all_kv())} KV configs, "
               f"{len(parsed.workloads)} workload levels, {len(parsed.tasks)} tasks) "
-              f"-> {run_dir}")
+              f"-> {escape(str(run_dir))}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address)
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {redact_spec(str(e))}", err=True)
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt:
-        err.print(f"\ninterrupted; resume with: kvmap bench "
+        err.print(escape(f"\ninterrupted; resume with: kvmap bench "
                   f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"
                   f"{' --backend ' + backend if backend != 'local' else ''}"
-                  f"{' --address ' + address if address else ''}")
+                  f"{' --address ' + address if address else ''}"))
         raise typer.Exit(code=130) from None
     analysis, report_path = _tradeoff_map(result.run_dir, err)
     if as_json:
@@ -105,8 +108,9 @@ def _tradeoff_map(run_dir: Path, err: Console):
         analysis = analyze(load_run(run_dir))
         return analysis, write_report(analysis)
     except Exception as e:  # noqa: BLE001 -- the run is stored; say so and exit 1
-        err.print(f"error: the trade-off map failed ({type(e).__name__}: {e}); the run is "
-                  f"stored, retry with: kvmap report {run_dir}")
+        err.print(escape(redact_spec(f"error: the trade-off map failed ({type(e).__name__}: "
+                                     f"{e}); the run is stored, retry with: kvmap report "
+                                     f"{run_dir}")))
         return None, None
 
 

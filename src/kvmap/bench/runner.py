@@ -26,12 +26,14 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                            TextColumn, TimeElapsedColumn)
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
-from kvmap.bench.store import RunStore
+from kvmap.bench.store import RunLock, RunStore
+from kvmap.kv.redact import redact_spec
 
 
 @dataclass
@@ -47,6 +49,8 @@ class RunResult:
 
 def default_run_dir(scenario: Scenario, root: str | Path = "runs") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    if "/" in scenario.name or "\\" in scenario.name or scenario.name.startswith("."):
+        raise ValueError(f"scenario name {scenario.name!r} is not a plain file name")
     return Path(root) / f"{scenario.name}-{stamp}"
 
 
@@ -104,7 +108,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
     backend.open(cells)
-    with backend:
+    with backend, RunLock(run_dir):     # before anything is read or written there
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
                           show_progress, command, t_start)
 
@@ -121,7 +125,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
             eta.skipped(cell)
     todo = [(i, c) for i, c in enumerate(cells) if c.cell_id not in skip]
     if resumed:
-        console.print(f"resuming {run_dir}: {len(cells) - len(todo)} of {len(cells)} cells "
+        console.print(f"resuming {escape(str(run_dir))}: {len(cells) - len(todo)} of {len(cells)} cells "
                       "already done")
     if backend.name != "local":
         console.print(f"backend {backend.name}: {_describe(backend.describe())}")
@@ -142,7 +146,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
             def on_fraction(cell: CellSpec, f: float) -> None:
                 if cell.cell_id not in started:            # a cell starts: its own bar
                     started[cell.cell_id] = time.perf_counter()
-                    progress.update(current, description=_label(cell), completed=0.0,
+                    progress.update(current, description=escape(_label(cell)), completed=0.0,
                                     visible=True)
                 progress.update(current, completed=min(1.0, f))
                 progress.update(overall, eta=_fmt_s(eta.seconds(
@@ -155,9 +159,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                     record.setdefault("env", {}).update(backend=backend.name,
                                                         node=result.node)
                 if result.log is not None:
-                    log_path = store.log_path(cell.cell_id)
-                    log_path.parent.mkdir(exist_ok=True)
-                    log_path.write_text(result.log)
+                    store.write_log(cell.cell_id, result.log)
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
                 t_cell = started.pop(cell.cell_id, t_run)
@@ -166,12 +168,16 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                 mark = "[green]ok[/]" if record["status"] == "ok" else "[red]FAILED[/]"
                 remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
+                # every text from outside (specs, errors, paths) is escaped: a "[/" in an
+                # error message must not crash the run after the cell was stored
                 console.print(f"[{len(cells) - len(todo) + n}/{len(cells)}] {mark} "
-                              f"{cell.model.name} | {_label(cell)} "
-                              f"({_fmt_s(record.get('duration_s'))}{where}{remaining})")
+                              f"{escape(cell.model.name)} | {escape(_label(cell))} "
+                              f"({_fmt_s(record.get('duration_s'))}{escape(where)}"
+                              f"{remaining})")
                 if record["status"] != "ok":
-                    console.print(f"    [red]{str(record['error']).splitlines()[0][:300]}[/]"
-                                  f"  (log: {store.log_path(cell.cell_id)})")
+                    error = redact_spec(str(record["error"]) or "?").splitlines()[0][:300]
+                    console.print(f"    [red]{escape(error)}[/]"
+                                  f"  (log: {escape(str(store.log_path(cell.cell_id)))})")
             progress.update(current, visible=False)
     finally:
         store.finalize(interrupted=num_ran < len(todo), backend=backend.describe())
@@ -187,7 +193,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
 
 
 def _label(cell: CellSpec) -> str:
-    return f"{cell.kv} | {cell.job}"
+    return redact_spec(f"{cell.kv} | {cell.job}")
 
 
 def _describe(info: dict) -> str:

@@ -103,3 +103,18 @@ def _check_budget(model: ModelEntry, config: ModelConfig, w: WorkloadEntry,
                          f"{spec!r} on model {model.name!r}, fewer than one request of "
                          f"the workload ({need} tokens)")
 
+
+
+def check_trace_arrivals(workloads, timeout_s: float | None, problems) -> None:
+    """A trace arrival past the cell timeout can only end in a timeout: refuse it now
+    (``arrival_s: 1e7`` would otherwise hang the cell until then)."""
+    from kvmap.workloads.trace import load_trace
+    if timeout_s is None:
+        return
+    for w in workloads:
+        if "trace" in w.options and "arrival" not in w.options:
+            last_s = max((e.arrival_s for e in load_trace(w.options["trace"])), default=0.0)
+            if last_s > timeout_s:
+                problems.add(f"workloads.{w.name}.trace", f"an arrival at {last_s:g} s is "
+                             f"past cell_timeout_s={timeout_s:g}; the cell could only time "
+                             "out")

@@ -6,19 +6,20 @@ lists everything wrong with a file before any cell runs.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from kvmap.bench.cellspec import (ModelEntry, Scenario, ScenarioError, TaskEntry,
-                                  WorkloadEntry)
-from kvmap.bench.scenario_checks import check_models
+from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
+                                  ScenarioError, TaskEntry, WorkloadEntry)
+from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
 from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
 from kvmap.metrics import normalize_slo, parse_slo
 from kvmap.model.wquant import QUANTIZATIONS
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
-            "slo", "cell_timeout_s", "skip_unavailable"}
+            "slo", "cell_timeout_s", "cell_memory_limit", "skip_unavailable"}
 MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
@@ -58,11 +59,12 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     if not _is_int(seed) or seed < 0:
         problems.add("seed", f"{seed!r} must be an integer >= 0")
         seed = 0
-    timeout_s = data.get("cell_timeout_s")
+    timeout_s = data.get("cell_timeout_s", DEFAULT_CELL_TIMEOUT_S)
     if timeout_s is not None and (not isinstance(timeout_s, (int, float))
                                   or isinstance(timeout_s, bool) or timeout_s <= 0):
         problems.add("cell_timeout_s", f"{timeout_s!r} must be a number of seconds > 0")
         timeout_s = None
+    memory_limit = _parse_memory_limit(data.get("cell_memory_limit"), problems)
     models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir)
     engine = _parse_engine(data.get("engine") or {}, problems)
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
@@ -74,16 +76,38 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
     check_models(models, kv, engine, workloads, tasks, problems, seed)
+    check_trace_arrivals(workloads, timeout_s, problems)
+    name = data.get("name") or (Path(source).stem if not source.startswith("builtin:")
+                                else source[8:])
+    if re.search(r"[/\\\x00]|\.\.|^\.|^\s*$", str(name)):
+        problems.add("name", f"{name!r} must be a plain name (no '/', '\\', '..', "
+                             "leading '.'): it names the run directory")
     problems.raise_if_any()
     if any(t.is_accuracy_task for t in tasks):
         notes += [f"model {m.name!r} has random weights: its accuracy tasks are not run "
                   "(n/a)" for m in models if m.is_dummy]
-    name = data.get("name") or (Path(source).stem if not source.startswith("builtin:")
-                                else source[8:])
     return Scenario(name=str(name), source=source, seed=seed, models=tuple(models),
                     kv=tuple(kv), workloads=tuple(workloads), tasks=tuple(tasks), slo=slo,
                     engine=engine, cell_timeout_s=timeout_s,
+                    cell_memory_limit_bytes=memory_limit,
                     description=str(data.get("description") or ""), notes=tuple(notes))
+
+
+def _parse_memory_limit(raw: Any, problems: Problems) -> int | None:
+    """``cell_memory_limit: 8GiB`` -> bytes (None: no limit)."""
+    from kvmap.config import parse_size
+    if raw is None:
+        return None
+    try:
+        limit = parse_size(raw, "cell_memory_limit")
+    except ValueError as e:
+        problems.add("cell_memory_limit", str(e))
+        return None
+    if limit < 256 << 20:
+        problems.add("cell_memory_limit", f"{raw!r} is below 256MiB, too small to load "
+                                          "torch")
+        return None
+    return limit
 
 
 def _is_int(value: Any) -> bool:

@@ -15,9 +15,16 @@
 A cell record is written in one SQLite transaction after its Parquet part, so an
 interrupted run never holds half a cell; ``completed_ids()`` is what a resumed run skips.
 Readers use ``RunStore(run_dir).cells()``, ``.requests()`` and ``.metadata()``.
+
+What is stored never holds a credential: every string of run.json, the index, the Parquet
+rows and the scenario copy goes through ``kvmap.kv.redact``. A run directory is locked
+(``.lock``, ``fcntl.flock``) by the run writing it, so a second run on the same ``--out``
+stops at once, naming the holder. The files the scenario names are fingerprinted
+(``inputs.py``); a resume after one of them changed is refused.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -31,7 +38,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvmap.bench.inputs import changed_files, input_files
+from kvmap.kv.redact import redact_obj, redact_spec
+
 RUN_SCHEMA = "kvmap.bench.run/1"
+LOCK_NAME = ".lock"
 REQUEST_SCHEMA = pa.schema([
     ("cell_id", pa.string()), ("model", pa.string()), ("kv", pa.string()),
     ("workload", pa.string()), ("request_id", pa.string()),
@@ -48,6 +59,7 @@ REQUEST_SCHEMA = pa.schema([
     ("expected", pa.string()), ("correct", pa.bool_()), ("needle_depth", pa.float64()),
     ("output_text", pa.string()),
 ])
+_MODEL_TEXT = ("output_text", "expected")    # what the model wrote is stored as written
 _CELL_COLUMNS = ("cell_id", "ordinal", "status", "kind", "model", "dtype", "kv", "workload",
                  "task", "started_at", "duration_s", "error", "record")
 
@@ -148,6 +160,7 @@ class RunStore:
         """
         store = cls(run_dir)
         fingerprint = scenario.fingerprint()
+        files = input_files(scenario)
         if store.run_json.is_file():
             meta = store.metadata()
             if meta.get("fingerprint") != fingerprint:
@@ -156,17 +169,24 @@ class RunStore:
                     f"{meta.get('scenario', {}).get('name')!r} (fingerprint "
                     f"{meta.get('fingerprint')}), not this one ({fingerprint}): give another "
                     "--out, or the same scenario to resume it")
+            changed = changed_files(meta.get("input_files") or {}, files)
+            if "input_files" in meta and changed:
+                raise ValueError(
+                    f"run directory {str(store.dir)!r}: file(s) the scenario reads changed "
+                    f"since the run started ({', '.join(changed[:5])}); its results would "
+                    "not be comparable: give another --out to run it afresh")
             meta.setdefault("resumed_at", []).append(_now())
             store._write_metadata(meta)
             return store, True
-        if store.dir.exists() and any(store.dir.iterdir()):
+        if store.dir.exists() and any(p.name != LOCK_NAME for p in store.dir.iterdir()):
             raise ValueError(f"--out {str(store.dir)!r} exists and is not a kvmap run "
                              "directory; give a new or empty directory")
         (store.dir / "parts").mkdir(parents=True, exist_ok=True)
         (store.dir / "logs").mkdir(exist_ok=True)
-        (store.dir / "scenario.yaml").write_text(scenario_text)
+        (store.dir / "scenario.yaml").write_text(redact_spec(scenario_text))
         meta = {"schema": RUN_SCHEMA, "run_id": store.dir.resolve().name,
                 "created_at": _now(), "seed": scenario.seed, "fingerprint": fingerprint,
+                "input_files": files,
                 "scenario": scenario.to_dict(), "command": command or list(sys.argv),
                 **environment()}
         store._write_metadata(meta)
@@ -182,6 +202,7 @@ class RunStore:
         return conn
 
     def _write_metadata(self, meta: dict) -> None:
+        meta = redact_obj(json.loads(json.dumps(meta, default=str)))
         tmp = self.run_json.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2, default=str))
         os.replace(tmp, self.run_json)
@@ -195,7 +216,12 @@ class RunStore:
 
     # ---- cells ---------------------------------------------------------------------
     def write_cell(self, record: dict, rows: list[dict], ordinal: int) -> None:
-        """Store one finished cell: its rows (Parquet part) first, then its record."""
+        """Store one finished cell: its rows (Parquet part) first, then its record.
+        Strings are redacted (``kvmap.kv.redact``) on the way in, except the model's
+        own text (``output_text``, ``expected``)."""
+        record = redact_obj(record)
+        rows = [{k: v if k in _MODEL_TEXT else redact_obj(v) for k, v in row.items()}
+                for row in rows]
         part = self.part_path(record["cell_id"])
         if rows:
             part.parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +248,11 @@ class RunStore:
         finally:
             conn.close()
         return [json.loads(r[0]) for r in rows]
+
+    def write_log(self, cell_id: str, text: str) -> None:
+        path = self.log_path(cell_id)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(redact_spec(text))
 
     def completed_ids(self) -> set[str]:
         return {c["cell_id"] for c in self.cells() if c["status"] == "ok"}
@@ -250,6 +281,43 @@ class RunStore:
         if not self.requests_path.exists():
             return REQUEST_SCHEMA.empty_table()
         return pq.read_table(self.requests_path)
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock`` for the lifetime of a run (released
+    by the kernel if the process dies). ValueError naming the holder when taken."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ValueError(f"run directory {str(self.path.parent)!r} is in use by another "
+                             f"run ({holder}); wait for it, or give another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()} since {_now()}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        try:                         # a run refused before storing leaves no directory
+            if [p.name for p in self.path.parent.iterdir()] == [LOCK_NAME]:
+                self.path.unlink()
+                self.path.parent.rmdir()
+        except OSError:
+            pass
+        os.close(self._fd)           # closing the descriptor releases the lock
+        self._fd = None
 
 
 def requests_table(rows: list[dict]) -> pa.Table:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmap.kv import grammar
+from kvmap.kv.redact import redact_spec
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
@@ -43,6 +44,16 @@ class KVConfig:
     def parse(cls, text: str | "KVConfig") -> "KVConfig":
         if isinstance(text, KVConfig):
             return text
+        try:
+            return cls._parse(text)
+        except ValueError as e:   # messages quote the spec: never with its password
+            message = redact_spec(str(e))
+            if message == str(e):
+                raise
+            raise ValueError(message) from None
+
+    @classmethod
+    def _parse(cls, text: str) -> "KVConfig":
         parts = grammar.parse(text)
         found: dict[str, Any] = {}
         for part in parts:

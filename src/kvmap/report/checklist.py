@@ -10,6 +10,7 @@ so (nothing unmeasured passes).
     latency stable over lengths    long/short <= 1.5x   <= 3x                > 3x
     throughput at target latency   goodput >= 90%       >= 50%               < 50%   (of throughput)
     storage P99 read < decode step read P99 < 0.5 x TBT P50   < TBT P50      >= TBT P50
+    tier errors                    none                 some, tiers served   errors, no tier hit
     operator launches per step     <= 1.2x baseline     <= 2x                > 2x
     output length vs the baseline  mean <= +10%         > +10% (or unmeasured)  -
     every part acted               tier read, policy evicted   a part never acted  -
@@ -171,6 +172,22 @@ def storage_item(c: ConfigSummary) -> CheckItem | None:
                      threshold)
 
 
+def tier_errors_item(c: ConfigSummary) -> CheckItem | None:
+    """Tier faults counted in the cells (``metrics.tier_errors``, else the per-tier
+    ``errors``); None when no tier was used."""
+    if not c.tiers:
+        return None
+    stats = [s for tiers in c.tiers.values() for s in tiers.values() if isinstance(s, dict)]
+    counted = [m.get("tier_errors") for m in c.workloads.values()
+               if isinstance(m, dict) and isinstance(m.get("tier_errors"), int)]
+    errors = (sum(counted) if counted
+              else sum(sum((s.get("errors") or {}).values()) for s in stats))
+    hits = sum(s.get("num_hits") or 0 for s in stats)
+    status = "PASS" if errors == 0 else "WARN" if hits > 0 else "FAIL"
+    return CheckItem("tier errors (failed reads, writes, frames)", status,
+                     f"{errors} errors, {hits} tier hits", "0 errors")
+
+
 def ops_item(c: ConfigSummary, baseline: ConfigSummary | None) -> CheckItem:
     item = "operator launches per decode step vs the baseline"
     threshold = f"<= {OPS_RATIO_PASS:g}x baseline"
@@ -238,6 +255,9 @@ def checklist(configs: list[ConfigSummary], constraints: Constraints,
         storage = storage_item(c)
         if storage is not None:
             items.append(storage)
+        tier_errors = tier_errors_item(c)
+        if tier_errors is not None:
+            items.append(tier_errors)
         items.append(ops_item(c, baseline))
         items.append(inflation_item(c, has_lengths))
         acted = acted_item(c)

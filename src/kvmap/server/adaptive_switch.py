@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from kvmap.server.adaptive import Signals
-from kvmap.kv.redact import redact_url_userinfo as redact
+from kvmap.kv.redact import redact_spec as redact
 
 log = logging.getLogger("kvmap.server")
 

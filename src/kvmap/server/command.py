@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kvmap.kv.redact import redact_url_userinfo
+from kvmap.kv.redact import redact_spec
 from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STOP_CHARS,
                                  DEFAULT_MAX_STOP_STRINGS, DEFAULT_REQUEST_TIMEOUT_S,
                                  ServerLimits)
@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
                 request_timeout_s=request_timeout, max_stop_strings=max_stop_strings,
                 max_stop_chars=max_stop_chars, max_prompt_chars=max_prompt_chars)
         except (ValueError, FileNotFoundError) as e:
-            fail(redact_url_userinfo(str(e)))
-        typer.echo(f"kvmap serve: {redact_url_userinfo(loop.active_kv)} on http://{host}:{port} "
+            fail(redact_spec(str(e)))
+        typer.echo(f"kvmap serve: {redact_spec(loop.active_kv)} on http://{host}:{port} "
                    f"(model {loop.active.model_id})", err=True)
         uvicorn.run(server_app, host=host, port=port, log_level=log_level)

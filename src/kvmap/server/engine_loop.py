@@ -47,7 +47,7 @@ from kvmap.server.messages import (EngineDeadError, QueueFullError, Rejected,
                                    RequestFailedError, RequestTimeoutError)
 from kvmap.server.metrics import ServerMetrics
 from kvmap.server.publisher import Publisher
-from kvmap.kv.redact import redact_url_userinfo as redact
+from kvmap.kv.redact import redact_spec as redact
 from kvmap.server.request_stream import RequestStream
 
 log = logging.getLogger("kvmap.server")

@@ -67,10 +67,36 @@ def save_ranges(path: str | Path, ranges: Ranges) -> Path:
     return path
 
 
+def check_ranges(ranges: Ranges, source: str) -> Ranges:
+    """``ranges`` if every bound is finite, ``lo <= hi`` everywhere and each layer's four
+    tensors share one shape; else ValueError naming the layer and the key (a NaN bound
+    would give NaN K/V silently)."""
+    if not ranges:
+        raise ValueError(f"static scale file {source!r} holds no layers")
+    for i, layer in enumerate(ranges):
+        shapes = {tuple(layer[key].shape) for key in KEYS}
+        if len(shapes) != 1:
+            raise ValueError(f"static scale file {source!r}: layer {i} has tensors of "
+                             f"shapes {sorted(shapes)}; k.lo, k.hi, v.lo, v.hi must agree")
+        for key in KEYS:
+            if not bool(torch.isfinite(layer[key]).all()):
+                raise ValueError(f"static scale file {source!r}: layer {i} {key} holds "
+                                 "NaN or infinite values")
+        for name in ("k", "v"):
+            bad = int((layer[f"{name}.lo"] > layer[f"{name}.hi"]).sum())
+            if bad:
+                raise ValueError(f"static scale file {source!r}: layer {i} {name}: "
+                                 f"{bad} channel(s) have lo > hi")
+    return ranges
+
+
 def load_ranges(path: str | Path) -> Ranges:
-    """Read a file written by :func:`save_ranges`; ValueError naming the path if it is
-    missing or not a ranges file."""
-    path = Path(path)
+    """Read a file written by :func:`save_ranges`, checked by :func:`check_ranges`;
+    ValueError naming the path if it is missing, not a ranges file, or holds bad bounds."""
+    return check_ranges(_read_ranges(Path(path)), str(path))
+
+
+def _read_ranges(path: Path) -> Ranges:
     if not path.is_file():
         raise ValueError(f"static scale file {str(path)!r} does not exist")
     try:

@@ -13,6 +13,11 @@ A hook reports a fault by raising ``TierError(kind)``; the base class counts it 
 ``stats.errors[kind]`` and answers a miss or a failed put. Nothing a storage backend
 does (disk full, corruption, a dead server) is raised to the caller.
 
+Tiers that store outside the process (``authenticate = True``: disk, redis) keep a keyed
+BLAKE2b tag of each value in the index (``auth.py``) and refuse, as a miss counted
+``auth``, bytes that do not match it: tampered, moved, replayed or forged frames. A frame
+whose CRC fails is counted ``corrupt`` first. ``stats.num_errors`` totals every kind.
+
 Demotion: when a put needs room, victims chosen by the eviction order are removed and,
 if ``on_evict`` is set, handed to it as ``on_evict(key, data)`` once the put is done --
 the tiered store wires ``upper.on_evict = lower.put``. Not thread-safe.
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Union
 
 from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.auth import FrameAuth
 from kvmap.metrics import percentile
 from kvmap.kv.tiers.eviction import EvictionOrder, make_eviction_order
 
@@ -67,6 +73,11 @@ class TierStats:
     errors: Counter = field(default_factory=Counter)
 
     @property
+    def num_errors(self) -> int:
+        """Every counted fault, all kinds together."""
+        return sum(self.errors.values())
+
+    @property
     def hit_rate(self) -> float:
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
@@ -83,7 +94,7 @@ class TierStats:
                 "read_p99_s": _percentile_s(self.read_latencies_s, 99),
                 "write_p50_s": _percentile_s(self.write_latencies_s, 50),
                 "write_p99_s": _percentile_s(self.write_latencies_s, 99),
-                "errors": dict(self.errors)}
+                "errors": dict(self.errors), "num_errors": self.num_errors}
 
 
 class Tier:
@@ -91,9 +102,11 @@ class Tier:
 
     name: ClassVar[str] = ""
     verify_reads: ClassVar[bool] = False  # check each frame's CRC on get
+    authenticate: ClassVar[bool] = False  # check each value's keyed tag on get
 
     def __init__(self, capacity_bytes: int, eviction: str | EvictionOrder = "lru",
-                 on_evict: EvictCallback | None = None) -> None:
+                 on_evict: EvictCallback | None = None, auth_key: bytes | None = None
+                 ) -> None:
         if not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes={capacity_bytes!r} must be a positive int")
         self.capacity_bytes = capacity_bytes
@@ -101,6 +114,8 @@ class Tier:
         self.on_evict = on_evict
         self.stats = TierStats()
         self._sizes: dict[Key, int] = {}  # resident key -> stored bytes
+        self._tags: dict[Key, bytes] = {}  # resident key -> auth tag (authenticate only)
+        self._auth = FrameAuth(auth_key) if self.authenticate else None
         self._used_bytes = 0
 
     # ---- storage hooks ----------------------------------------------------------------
@@ -140,13 +155,13 @@ class Tier:
             return None
         start_s = time.perf_counter()
         try:
-            data = self._read(key)
-            if data is not None and self.verify_reads:
-                serde.verify(data)
+            data = self._checked_read(key)
         except TierError as e:
             self.stats.errors[e.kind] += 1
+            if e.kind == "auth":
+                self.delete(key)
             data = None
-        except serde.CorruptBlockError:
+        except serde.DECODE_ERRORS:       # CorruptBlockError, or a backend's odd answer
             self.stats.errors["corrupt"] += 1
             self.delete(key)
             data = None
@@ -177,6 +192,7 @@ class Tier:
         data = bytes(data)
         if self.verify_reads:
             serde.peek_header(data)  # reject non-frames now, not as "corrupt" later
+        tag = self._auth.tag(key_bytes(key), data) if self._auth is not None else None
         if len(data) > self.capacity_bytes:
             self.stats.errors["too_large"] += 1
             self.delete(key)
@@ -192,6 +208,7 @@ class Tier:
             self._write(key, data)
         except TierError as e:
             self.stats.errors[e.kind] += 1
+            self._tags.pop(key, None)
             if key in self._sizes:
                 self._forget(key)
             if was_resident:
@@ -206,6 +223,8 @@ class Tier:
         else:
             self.order.insert(key)
         self._sizes[key] = len(data)
+        if tag is not None:
+            self._tags[key] = tag
         self._used_bytes += len(data)
         self.stats.puts += 1
         self.stats.bytes_written += len(data)
@@ -224,6 +243,8 @@ class Tier:
         assert self._used_bytes == sum(self._sizes.values()), "used_bytes drifted"
         assert self._used_bytes <= self.capacity_bytes, "over capacity"
         assert len(self.order) == len(self._sizes), "order and index disagree"
+        assert self._auth is None or self._tags.keys() == self._sizes.keys(), \
+            "tags and index disagree"
         assert all(k in self.order for k in self._sizes), "index key not in order"
         self.order.check_integrity()
 
@@ -239,6 +260,7 @@ class Tier:
                 continue
             self.stats.evictions += 1
             data = self._read_quietly(victim) if self.on_evict else None
+            self._tags.pop(victim, None)
             self._delete_quietly(victim)
             if data is not None:
                 evicted.append((victim, data))
@@ -246,17 +268,31 @@ class Tier:
 
     def _forget(self, key: Key) -> None:
         self._used_bytes -= self._sizes.pop(key)
+        self._tags.pop(key, None)
         self.order.remove(key)
+
+    def _checked_read(self, key: Key) -> bytes | None:
+        """``_read`` plus the CRC (``verify_reads``) and the tag (``authenticate``)
+        checks. Raises TierError("auth") or a serde.DECODE_ERRORS exception."""
+        data = self._read(key)
+        if data is None:
+            return None
+        if not isinstance(data, bytes):
+            raise serde.CorruptBlockError("length", f"backend returned a "
+                                                    f"{type(data).__name__}")
+        if self.verify_reads:
+            serde.verify(data)
+        if self._auth is not None and not self._auth.check(key_bytes(key), data,
+                                                           self._tags.get(key, b"")):
+            raise TierError("auth", f"value of {key!r} does not match the tag of its put")
+        return data
 
     def _read_quietly(self, key: Key) -> bytes | None:
         try:
-            data = self._read(key)
-            if data is not None and self.verify_reads:
-                serde.verify(data)
-            return data
+            return self._checked_read(key)
         except TierError as e:
             self.stats.errors[e.kind] += 1
-        except serde.CorruptBlockError:
+        except serde.DECODE_ERRORS:
             self.stats.errors["corrupt"] += 1
         return None
 

@@ -11,20 +11,87 @@ File names are a hash of the typed key (``base.key_bytes``), so any key is a saf
 fixed-length name. The index lives in memory: files from an earlier run are not
 adopted, and stale ``*.kvb`` files found in the directory at start are removed -- so
 give each live tier a directory of its own.
+
+Leaks: a directory the tier makes (:func:`private_directory`) is named
+``kvmap-disk-<pid>-<random>``; :meth:`close` and an ``atexit`` hook remove it, and each
+new one first removes its siblings whose pid is dead (a killed cell runs neither). A
+directory on tmpfs or ramfs is RAM, not disk: the tier warns (``TmpfsWarning``).
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
+import logging
 import os
+import re
 import shutil
 import tempfile
+import warnings
+import weakref
 from pathlib import Path
 
 from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
+from kvmap.kv.tiers.owner import pid_alive
 
 SUFFIX = ".kvb"
+DIR_PREFIX = "kvmap-disk-"
+_PRIVATE_DIR = re.compile(rf"{DIR_PREFIX}(\d+)-")
+RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+log = logging.getLogger(__name__)
+
+
+class TmpfsWarning(RuntimeWarning):
+    """A disk tier whose directory is in RAM."""
+
+
+def sweep_dead_directories(parent: str | os.PathLike) -> list[Path]:
+    """Remove ``kvmap-disk-<pid>-*`` directories under ``parent`` whose process is dead;
+    the ones removed. Directories of live processes, and anything else, stay."""
+    removed = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        m = _PRIVATE_DIR.match(path.name)
+        if m and path.is_dir() and int(m.group(1)) != os.getpid() \
+                and not pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def private_directory(parent: str | os.PathLike | None = None) -> Path:
+    """A new ``kvmap-disk-<pid>-<random>`` directory under ``parent`` (default: the temp
+    dir), after sweeping the ones of dead processes there."""
+    parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_dead_directories(parent)
+    return Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=parent))
+
+
+def filesystem_type(path: str | os.PathLike) -> str | None:
+    """The type of the filesystem ``path`` is on, from /proc/mounts (None: unknown)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best = None
+    for point, fstype in mounts:
+        point = point.replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and \
+                (best is None or len(point) > len(best[0])):
+            best = (point, fstype)
+    return best[1] if best else None
+
+
+def _remove_at_exit(ref: weakref.ref) -> None:
+    tier = ref()
+    if tier is not None:
+        tier.close()
 
 
 def _os_error_kind(e: OSError) -> str:
@@ -39,16 +106,25 @@ class DiskTier(Tier):
 
     name = "disk"
     verify_reads = True
+    authenticate = True
 
     def __init__(self, capacity_bytes: int, eviction="lru", on_evict=None,
                  directory: str | os.PathLike | None = None) -> None:
         super().__init__(capacity_bytes, eviction, on_evict)
         self._owns_directory = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="kvmap-disk-"))
+        self.directory = Path(directory) if directory is not None else private_directory()
         self.directory.mkdir(parents=True, exist_ok=True)
         for pattern in (f"*{SUFFIX}", f"*{SUFFIX}.*.tmp"):
             for stale in self.directory.glob(pattern):
                 stale.unlink(missing_ok=True)
+        self.filesystem = filesystem_type(self.directory)
+        if self.filesystem in RAM_FILESYSTEMS:
+            message = (f"disk tier directory {str(self.directory)!r} is on "
+                       f"{self.filesystem}: its blocks live in RAM, not on disk; give "
+                       "disk_path= a directory on a real disk")
+            warnings.warn(message, TmpfsWarning, stacklevel=2)
+            log.warning(message)
+        atexit.register(_remove_at_exit, weakref.ref(self))
 
     def path_of(self, key: Key) -> Path:
         """The file that holds ``key``'s block (whether or not it exists)."""
@@ -81,7 +157,8 @@ class DiskTier(Tier):
             raise TierError(_os_error_kind(e), str(e)) from e
 
     def close(self) -> None:
-        """Delete every block file; remove the directory if the tier created it."""
+        """Delete every block file; remove the directory if the tier created it.
+        Idempotent (it also runs at interpreter exit)."""
         for key in self.keys():
             self.delete(key)
         if self._owns_directory:

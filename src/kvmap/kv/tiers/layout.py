@@ -1,6 +1,6 @@
 """The tier-layout parts of a KV spec: ``tiers(...)`` and ``recompute``.
 
-    tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL, redis_size=SIZE,
+    tiers(host=SIZE, disk=SIZE, disk_path=DIR, redis=URL|env:NAME, redis_size=SIZE,
           evict=lru|lfu|arc, fetch=cost|always,
           prefetch=none|window|attention, page_blocks=N, prefetch_depth=N,
           prefetch_pages=N, host_codec=CODEC, disk_codec=CODEC, redis_codec=CODEC)

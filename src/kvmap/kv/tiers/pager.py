@@ -295,7 +295,7 @@ class Pager:
         try:
             k, v = self.frames.decode_kv(data, layer, level.codec,
                                          check_crc=not level.tier.verify_reads)
-        except ValueError as e:       # CorruptBlockError or FrameMismatch
+        except serde.DECODE_ERRORS as e:   # CorruptBlockError, FrameMismatch, ...
             with self.store.lock:
                 level.tier.delete(key)
             kind = "page_corrupt" if isinstance(e, serde.CorruptBlockError) else "page_mismatch"

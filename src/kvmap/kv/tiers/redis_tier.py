@@ -16,28 +16,93 @@ While marked down, gets are misses and puts fail at once, counted as ``throttled
 without touching the network. The backoff starts at ``backoff_initial_s`` and doubles
 per consecutive failure up to ``backoff_max_s``; the first success resets it.
 redis-py's own retries are switched off so that one call costs at most one timeout.
+
+Credentials come from the environment: ``url="env:NAME"`` reads the URL from variable
+NAME (``tiers(redis=env:KVMAP_REDIS_URL)``), and ``KVMAP_REDIS_PASSWORD``, when set, is
+the password of a URL that has none. ``self.url`` is always the redacted URL
+(``kvmap.kv.redact``), safe to display.
+
+Leaks: a tier's private namespace is ``kvmap:<host>:<pid>:<random>:``; every key gets a
+TTL (``key_ttl_s``, refreshed by each put), :meth:`close` and an ``atexit`` hook delete
+the namespace, and the first tier of a process deletes the namespaces of dead processes
+of this host (a killed cell runs neither). A ``key_prefix`` given explicitly is a shared
+namespace: it is never swept by another process, only expired by its TTL.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import re
+import socket
 import time
 import uuid
+import weakref
 from typing import Callable
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvmap.kv.redact import redact_spec
 from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
+from kvmap.kv.tiers.owner import pid_alive
 
 _DOWN_ERRORS = {redis.exceptions.ConnectionError: "connection",
                 redis.exceptions.TimeoutError: "timeout"}
+PASSWORD_ENV = "KVMAP_REDIS_PASSWORD"
+DEFAULT_KEY_TTL_S = 7200       # outlives the default cell timeout (1800 s) with room
+_SWEEP_MAX_KEYS = 200_000      # bound on what one start-up sweep scans
+_swept_urls: set[str] = set()  # servers this process has swept already
+
+
+def resolve_url(url: str) -> str:
+    """``env:NAME`` -> the URL in variable NAME; any other URL unchanged. ValueError
+    naming the variable when it is unset or empty."""
+    if not url.startswith("env:"):
+        return url
+    name = url[4:]
+    value = os.environ.get(name, "")
+    if not value:
+        raise ValueError(f"redis=env:{name}: environment variable {name!r} is not set")
+    return value
+
+
+def _host_tag() -> str:
+    """The host name, safe inside a key and a SCAN pattern (no ':', no glob characters)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+
+
+def private_prefix() -> str:
+    """A namespace of this process's own: ``kvmap:<host>:<pid>:<random>:``."""
+    return f"kvmap:{_host_tag()}:{os.getpid()}:{uuid.uuid4().hex[:12]}:"
+
+
+def sweep_dead_namespaces(client) -> int:
+    """Delete the private namespaces of dead processes of this host; the number of keys
+    deleted. Namespaces of other hosts and shared ones are left to their TTLs."""
+    host = _host_tag()
+    dead: set[bytes] = set()
+    deleted = 0
+    for n, rkey in enumerate(client.scan_iter(match=f"kvmap:{host}:*", count=1000)):
+        if n >= _SWEEP_MAX_KEYS:
+            break
+        parts = rkey.split(b":", 4)
+        if len(parts) < 5 or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        if pid != os.getpid() and (b":".join(parts[:4]) in dead or not pid_alive(pid)):
+            dead.add(b":".join(parts[:4]))
+            deleted += client.unlink(rkey)
+    return deleted
 
 
 def _check_url(url) -> None:
     """``tiers(redis=URL)``: the URL schemes redis-py connects to."""
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"tiers: redis={url!r} is not a redis://, rediss:// or unix:// URL")
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://",
+                                                       "env:")):
+        raise ValueError(f"tiers: redis={redact_spec(str(url))!r} is not a redis://, "
+                         "rediss:// or unix:// URL, nor env:NAME (the URL in variable NAME)")
 
 
 @tier_backend(order=30, latency_prior_s=500e-6, bandwidth_prior_bytes_per_s=2e8,
@@ -48,13 +113,15 @@ class RedisTier(Tier):
 
     name = "redis"
     verify_reads = True
+    authenticate = True
 
     def __init__(self, capacity_bytes: int, eviction="lru", on_evict=None, *,
                  url: str = "redis://127.0.0.1:6390/0",
                  key_prefix: str | None = None, socket_timeout_s: float = 0.2,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
+                 key_ttl_s: int = DEFAULT_KEY_TTL_S, auth_key: bytes | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(capacity_bytes, eviction, on_evict)
+        super().__init__(capacity_bytes, eviction, on_evict, auth_key=auth_key)
         for label, value in (("socket_timeout_s", socket_timeout_s),
                              ("backoff_initial_s", backoff_initial_s)):
             if value <= 0:
@@ -62,13 +129,24 @@ class RedisTier(Tier):
         if backoff_max_s < backoff_initial_s:
             raise ValueError(f"backoff_max_s={backoff_max_s!r} is below "
                              f"backoff_initial_s={backoff_initial_s!r}")
+        if isinstance(key_ttl_s, bool) or not isinstance(key_ttl_s, int) or key_ttl_s <= 0:
+            raise ValueError(f"key_ttl_s={key_ttl_s!r} must be a positive int of seconds")
+        self.private = key_prefix is None
         self.key_prefix = (key_prefix if key_prefix is not None
-                           else f"kvmap:{uuid.uuid4().hex[:12]}:").encode()
-        self.url = url
-        self.client = redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
+                           else private_prefix()).encode()
+        real_url = resolve_url(url)
+        self.url = redact_spec(real_url)          # for display; never the password
+        self.key_ttl_s = key_ttl_s
+        extra = {}
+        if os.environ.get(PASSWORD_ENV) and redact_spec(real_url) == real_url:
+            extra["password"] = os.environ[PASSWORD_ENV]
+        self.client = redis.Redis.from_url(real_url, socket_timeout=socket_timeout_s,
                                            socket_connect_timeout=socket_timeout_s,
                                            retry=Retry(NoBackoff(), 0),
-                                           health_check_interval=0)
+                                           health_check_interval=0, **extra)
+        self._sweep_pending = self.private and self.url not in _swept_urls
+        _swept_urls.add(self.url)
+        atexit.register(_close_at_exit, weakref.ref(self))
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self._clock = clock
         self._backoff_s = 0.0      # current backoff; 0 while the server answers
@@ -80,10 +158,16 @@ class RedisTier(Tier):
     def _unavailable(self) -> str | None:
         return "throttled" if self._clock() < self._down_until_s else None
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, **kwargs):
         """Run one redis command; map its failure to TierError, track up/down."""
+        if self._sweep_pending:           # once per server and process, on first use
+            self._sweep_pending = False
+            try:
+                sweep_dead_namespaces(self.client)
+            except redis.exceptions.RedisError:
+                pass                      # the command below reports the fault
         try:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
         except redis.exceptions.RedisError as e:
             kind = next((k for cls, k in _DOWN_ERRORS.items() if isinstance(e, cls)), None)
             if kind is not None:
@@ -100,14 +184,15 @@ class RedisTier(Tier):
         return self._call(self.client.get, self._rkey(key))
 
     def _write(self, key: Key, data: bytes) -> None:
-        self._call(self.client.set, self._rkey(key), data)
+        self._call(self.client.set, self._rkey(key), data, ex=self.key_ttl_s)
 
     def _delete(self, key: Key) -> None:
         if self._unavailable() is None:  # a throttled delete is skipped, not counted
             self._call(self.client.unlink, self._rkey(key))
 
     def close(self) -> None:
-        """Best-effort delete of every stored block, then drop the connections."""
+        """Best-effort delete of every stored block, then drop the connections.
+        Idempotent (it also runs at interpreter exit)."""
         keys = [self._rkey(k) for k in self.keys()]
         for start in range(0, len(keys), 512):
             try:
@@ -117,3 +202,9 @@ class RedisTier(Tier):
         for key in self.keys():
             self._forget(key)
         self.client.close()
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    tier = ref()
+    if tier is not None and len(tier):
+        tier.close()

@@ -15,7 +15,11 @@ Frame layout (little endian)::
 
 The CRC32 (``zlib.crc32``) covers the header fields before it and the whole payload, so
 a flipped bit anywhere or a truncated frame is caught by :func:`verify` before any
-tensor is built. Tensor bytes are copied through ``view(torch.uint8)``, which is what
+tensor is built. The CRC is not a defence against a writer who recomputes it, so every
+header and descriptor field is bounded before anything is allocated (``MAX_LAYERS``,
+``MAX_NDIM``, a tensor count that the payload can hold, shapes that fit the frame), and
+every failure to decode -- whatever Python raises -- is a :class:`CorruptBlockError`.
+Authenticity (who wrote the frame) is the tiers' business (``auth.py``). Tensor bytes are copied through ``view(torch.uint8)``, which is what
 makes bfloat16 and float8 (no numpy dtype) round trip exactly.
 """
 from __future__ import annotations
@@ -34,6 +38,11 @@ _HEADER = struct.Struct("<4sHHIIQI")
 _CRC_OFFSET = _HEADER.size - 4  # the CRC covers header[:_CRC_OFFSET] + payload
 _DESC = struct.Struct("<IHBB")
 HEADER_BYTES = _HEADER.size
+MAX_LAYERS = 4096   # far above any model; bounds the per-layer dicts a header asks for
+MAX_NDIM = 8        # block tensors are (block, heads, dim)-like; 8 leaves room
+# what a frame decoder may raise besides CorruptBlockError; callers that decode frames
+# they did not just build catch DECODE_ERRORS and count a miss
+DECODE_ERRORS = (ValueError, struct.error, RuntimeError, MemoryError, OverflowError)
 
 # Stable on-disk codes: never renumber, only append.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -125,6 +134,11 @@ def peek_header(data: bytes | bytearray | memoryview) -> BlockHeader:
     if size - HEADER_BYTES != payload_bytes:
         raise CorruptBlockError("length", f"header says {payload_bytes} payload bytes, "
                                           f"frame holds {size - HEADER_BYTES}")
+    if num_layers > MAX_LAYERS:
+        raise CorruptBlockError("length", f"num_layers {num_layers} is over {MAX_LAYERS}")
+    if num_tensors * _DESC.size > payload_bytes:
+        raise CorruptBlockError("length", f"{num_tensors} tensors cannot fit in "
+                                          f"{payload_bytes} payload bytes")
     return BlockHeader(num_layers, num_tensors, payload_bytes)
 
 
@@ -147,6 +161,15 @@ def decode_block(data: bytes | bytearray | memoryview, check_crc: bool = True
     encoded order, on CPU, each tensor owning fresh memory. Raises CorruptBlockError.
     ``check_crc=False`` skips only the CRC, for a frame whose tier has just checked it
     (``Tier.verify_reads``); every structural check still runs."""
+    try:
+        return _decode(data, check_crc)
+    except CorruptBlockError:
+        raise
+    except DECODE_ERRORS as e:    # anything the bounds above missed is still a bad frame
+        raise CorruptBlockError("descriptor", f"{type(e).__name__}: {e}") from None
+
+
+def _decode(data, check_crc: bool) -> list[dict[str, torch.Tensor]]:
     header = verify(data) if check_crc else peek_header(data)
     view = memoryview(data).cast("B")
     block: list[dict[str, torch.Tensor]] = [{} for _ in range(header.num_layers)]
@@ -157,14 +180,25 @@ def decode_block(data: bytes | bytearray | memoryview, check_crc: bool = True
         layer, name_len, code, ndim = _DESC.unpack_from(view, offset)
         offset += _DESC.size
         dtype = _DTYPES.get(code)
-        if layer >= header.num_layers or dtype is None:
+        if layer >= header.num_layers or dtype is None or ndim > MAX_NDIM:
             raise CorruptBlockError("descriptor", f"tensor {index}: layer {layer} of "
-                                                  f"{header.num_layers}, dtype code {code}")
-        name = bytes(view[offset:offset + name_len]).decode()
+                                                  f"{header.num_layers}, dtype code {code}, "
+                                                  f"ndim {ndim} (at most {MAX_NDIM})")
+        if offset + name_len + 8 * ndim > end:
+            raise CorruptBlockError("descriptor", f"tensor {index}: name and shape run "
+                                                  "past the end")
+        try:
+            name = bytes(view[offset:offset + name_len]).decode()
+        except UnicodeDecodeError:
+            raise CorruptBlockError("descriptor", f"tensor {index}: name is not utf-8") \
+                from None
+        if not name or name in block[layer]:
+            raise CorruptBlockError("descriptor", f"tensor {index}: name {name!r} is "
+                                                  "empty or repeated")
         offset += name_len
         shape = struct.unpack_from(f"<{ndim}Q", view, offset)
         offset += 8 * ndim
-        nbytes = math.prod(shape) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize     # exact: Python ints
         if offset + nbytes > end:
             raise CorruptBlockError("descriptor", f"tensor {name!r} runs past the end")
         if nbytes:

@@ -34,7 +34,6 @@ every tier call holds ``lock``; everything else is the engine loop's.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -130,9 +129,8 @@ class TieredStore:
         owned = None
         if level.name == "disk" and "directory" in level.backend_options:
             # a directory of our own under the one given: DiskTier clears stale files
-            Path(level.backend_options["directory"]).mkdir(parents=True, exist_ok=True)
-            owned = Path(tempfile.mkdtemp(prefix="kvmap-disk-",
-                                          dir=level.backend_options["directory"]))
+            from kvmap.kv.tiers.disk import private_directory   # sweeps dead pids' dirs
+            owned = private_directory(level.backend_options["directory"])
             level = TierLevel(level.name, level.capacity_bytes, level.codec,
                               {"directory": owned})
         try:
@@ -168,7 +166,7 @@ class TieredStore:
                 else:
                     frame = self.frames.decode(data, upper.codec)
                     data = self.frames.transcode(frame, upper.codec, lower.codec)
-            except ValueError as e:      # CorruptBlockError or FrameMismatch
+            except serde.DECODE_ERRORS as e:   # CorruptBlockError, FrameMismatch, ...
                 self.stats.errors["demote_" + _kind(e)] += 1
                 return
         lower.tier.put(key, data)
@@ -235,7 +233,7 @@ class TieredStore:
             return None
         try:
             frame = self.frames.decode(data, level.codec)
-        except ValueError as e:                 # CorruptBlockError or FrameMismatch
+        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
             self.stats.errors[_kind(e)] += 1
             level.tier.delete(block_hash)
             return None
