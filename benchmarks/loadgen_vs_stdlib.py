@@ -33,14 +33,14 @@ from rich.table import Table  # noqa: E402
 
 from kvmap.loadgen import prompts  # noqa: E402
 from kvmap.loadgen.client import Endpoint, RawResult, send_request  # noqa: E402
-from kvmap.loadgen.reference import run_reference, send_one, _connect  # noqa: E402
+from kvmap.loadgen.reference import connect, run_reference, send_one  # noqa: E402
 from kvmap.loadgen.results import load_metrics  # noqa: E402
 from kvmap.loadgen.runner import LoadRun, open_session, run_plan  # noqa: E402
 from kvmap.loadgen.schedule import Level, make_plan  # noqa: E402
 
 CLIENTS = ("loadgen", "stdlib")
 FIGURES = ("output_tokens_per_s", "ttft_p50_s", "e2e_p50_s", "tbt_p50_s",
-           "client_cpu_s", "client_cpu_share", "first_sends_spread_s")
+           "client_cpu_s", "client_cpu_share", "first_sends_spread_s", "wave_spread_s")
 
 
 def tagged(requests, tag: str):
@@ -63,6 +63,14 @@ def run_client(client: str, endpoint: Endpoint, requests, concurrency: int,
     return run_reference(endpoint, requests, concurrency, warmup=warmup)
 
 
+def _wave_spread_s(sends: list[float], concurrency: int) -> float | None:
+    """The median, over waves of ``concurrency`` consecutive sends, of how far apart a
+    wave's sends were: how tight a burst the server got each time the slots refilled."""
+    waves = [sends[i:i + concurrency] for i in range(0, len(sends), concurrency)]
+    spreads = [w[-1] - w[0] for w in waves if len(w) == concurrency]
+    return statistics.median(spreads) if spreads else None
+
+
 def figures(run: LoadRun, concurrency: int) -> dict:
     m = load_metrics(run.sent, run.t0_s, run.duration_s)
     sends = sorted(s.result.sent_s for s in run.sent if s.result.sent_s is not None)
@@ -76,7 +84,15 @@ def figures(run: LoadRun, concurrency: int) -> dict:
             "client_cpu_s": run.client_cpu_s, "client_cpu_share": run.client_cpu_share,
             "first_send_after_s": first[0] - run.t0_s if first else None,
             "first_sends_spread_s": first[-1] - first[0] if first else None,
+            "wave_spread_s": _wave_spread_s(sends, concurrency),
             "load_avg_1m": os.getloadavg()[0]}
+
+
+def _paired(runs: list[dict], k: int, figure: str) -> float | None:
+    """Round ``k``'s loadgen / stdlib ratio of ``figure`` (the two ran back to back)."""
+    a, b = (next(r[figure] for r in runs if r["round"] == k and r["client"] == c)
+            for c in CLIENTS)
+    return a / b if a is not None and b else None
 
 
 def main() -> None:
@@ -101,7 +117,7 @@ def main() -> None:
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as r:
             model = json.loads(r.read())["data"][0]["id"]
         endpoint = Endpoint(server.url, model, request_timeout_s=600.0)
-        send_one(_connect(endpoint), endpoint, replace(tagged(base, "server-warmup")[0],
+        send_one(connect(endpoint), endpoint, replace(tagged(base, "server-warmup")[0],
                                                         request_id="warmup"))
         for k in range(args.rounds):
             order = CLIENTS if k % 2 == 0 else CLIENTS[::-1]
@@ -118,20 +134,24 @@ def main() -> None:
                    for f in FIGURES} for c in CLIENTS}
     ratios = {f: medians["loadgen"][f] / medians["stdlib"][f]
               for f in FIGURES if medians["stdlib"][f]}
+    paired = {f: statistics.median(_paired(runs, k, f) for k in range(args.rounds))
+              for f in FIGURES if all(_paired(runs, k, f) is not None
+                                      for k in range(args.rounds))}
     table = Table(title=f"loadgen vs stdlib, medians of {args.rounds} runs each "
                         f"(concurrency {args.concurrency}, {args.num_requests} x "
                         f"{args.prompt_tokens} in / {args.output_tokens} out)")
-    for column in ("figure", *CLIENTS, "loadgen/stdlib"):
+    for column in ("figure", *CLIENTS, "loadgen/stdlib", "paired median"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     for f in FIGURES:
         table.add_row(f, *(f"{medians[c][f]:.4g}" for c in CLIENTS),
-                      f"{ratios[f]:.3f}" if f in ratios else "-")
+                      f"{ratios[f]:.3f}" if f in ratios else "-",
+                      f"{paired[f]:.3f}" if f in paired else "-")
     console.print(table)
     config = {**vars(args), "model_id": model, "server_args": list(server_args),
-              "prompt_tokens_per_request": [r.prompt_tokens for r in base]
-              if hasattr(base[0], "prompt_tokens") else None}
+              "max_tokens_per_request": [r.max_tokens for r in base]}
     path = write_record("loadgen_vs_stdlib", config,
-                        {"medians": medians, "ratios": ratios, "runs": runs,
+                        {"medians": medians, "ratios": ratios, "paired_ratio_medians": paired,
+                         "runs": runs,
                          "load_avg_start": load_start, "load_avg_end": os.getloadavg()})
     console.print(f"record: {path}")
 

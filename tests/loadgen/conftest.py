@@ -3,7 +3,8 @@
 ``fake_server(**behaviour)`` (a fixture) starts an aiohttp server on a free loopback port
 in a background thread and returns its base URL. Each request streams ``max_tokens``
 tokens: the first after ``ttft_s``, then one every ``itl_s`` (asyncio sleeps, so tests
-allow a few ms of slack; ``done_tail_s`` delays the body's end after ``[DONE]``). ``mode`` picks a misbehaviour:
+allow a few ms of slack; ``done_tail_s`` delays the body's end after ``[DONE]``).
+``mode`` picks a misbehaviour:
 
     ok             a well-formed stream with a usage chunk (if asked for) and [DONE]
     no_usage       never sends usage, even when asked

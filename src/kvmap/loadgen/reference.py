@@ -23,7 +23,8 @@ from kvmap.loadgen.runner import LoadRun, Sent
 from kvmap.workloads.spec import WorkloadRequest
 
 
-def _connect(endpoint: Endpoint) -> http.client.HTTPConnection:
+def connect(endpoint: Endpoint) -> http.client.HTTPConnection:
+    """A connection to ``endpoint``'s server (not opened until the first request)."""
     parts = urlsplit(endpoint.root)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     return cls(parts.hostname, parts.port, timeout=endpoint.request_timeout_s)
@@ -92,7 +93,7 @@ def run_reference(endpoint: Endpoint, requests: list[WorkloadRequest], concurren
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1")
     run, lock, queue = LoadRun(), threading.Lock(), list(reversed(requests))
-    conns = [_connect(endpoint) for _ in range(concurrency)]
+    conns = [connect(endpoint) for _ in range(concurrency)]
     if warmup is not None:
         send_one(conns[0], endpoint, warmup)
 
