@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from kvmap.bench.runner import run_scenario
-from kvmap.bench.scenario import DEFAULT_CELL_TIMEOUT_S, ScenarioError, load_scenario
+from kvmap.bench.cellspec import DEFAULT_CELL_TIMEOUT_S
+from kvmap.bench.scenario import ScenarioError, load_scenario
 from kvmap.bench.store import RunLock, RunStore
 
 TASKS_PY = '''

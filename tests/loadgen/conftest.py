@@ -3,7 +3,8 @@
 ``fake_server(**behaviour)`` (a fixture) starts an aiohttp server on a free loopback port
 in a background thread and returns its base URL. Each request streams ``max_tokens``
 tokens: the first after ``ttft_s``, then one every ``itl_s`` (asyncio sleeps, so tests
-allow a few ms of slack). ``mode`` picks a misbehaviour:
+allow a few ms of slack; ``done_tail_s`` delays the body's end after ``[DONE]``).
+``mode`` picks a misbehaviour:
 
     ok             a well-formed stream with a usage chunk (if asked for) and [DONE]
     no_usage       never sends usage, even when asked
@@ -34,8 +35,10 @@ from aiohttp import web
 
 class FakeServer:
     def __init__(self, mode: str = "ok", ttft_s: float = 0.05, itl_s: float = 0.02,
-                 metrics_text: str = "", models: tuple[str, ...] = ("fake-model",)):
+                 metrics_text: str = "", models: tuple[str, ...] = ("fake-model",),
+                 done_tail_s: float = 0.0):
         self.mode, self.ttft_s, self.itl_s = mode, ttft_s, itl_s
+        self.done_tail_s = done_tail_s
         self.metrics_text, self.models = metrics_text, models
         self.requests: list[dict] = []
         self.in_flight = 0
@@ -166,6 +169,7 @@ class FakeServer:
             await send({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
                                                  "total_tokens": 7 + n}})
         await send("[DONE]")
+        await asyncio.sleep(self.done_tail_s)        # the body's end comes this much later
 
 
 def _free_port() -> int:

@@ -167,6 +167,9 @@ def test_closed_loop_for_a_duration(fake_server, tmp_path):
     [cell] = RunStore(tmp_path / "r").cells()
     assert cell["metrics"]["stopped_by"] == "duration"
     assert cell["metrics"]["num_completed"] >= 4 and cell["metrics"]["num_failed"] == 0
+    m = cell["metrics"]                    # the client's own CPU, over the level's run
+    assert 0 < m["client_cpu_s"] and m["client_cpu_share"] == pytest.approx(
+        m["client_cpu_s"] / cell["duration_s"])
 
 
 def test_chunks_delivered_in_a_window():

@@ -7,6 +7,9 @@
   also bounded by the endpoint's ``request_timeout_s``. A hung server therefore cannot
   hang a load run: it ends by ``duration_s + drain_timeout_s`` at the latest, or, with no
   duration, when the last request has had its ``request_timeout_s``.
+- **The client's own cost**: ``LoadRun.client_cpu_s`` is the process's CPU time over the
+  run (``time.process_time``), so a result says how much of the machine the client took
+  from a server on the same cores.
 - **Conversations**: turn k of a conversation is sent only after turn k-1 finished (its
   prompt holds the history); an open-loop turn k waits for that past its own time, a
   closed-loop slot takes the first request that is ready.
@@ -49,10 +52,16 @@ class LoadRun:
     end_s: float = 0.0
     num_not_sent: int = 0              # planned requests left out by the duration bound
     stopped_by: str = "count"          # "count" | "duration" | "drain_timeout"
+    client_cpu_s: float = 0.0          # this process's CPU time (all threads) over the run
 
     @property
     def duration_s(self) -> float:
         return self.end_s - self.t0_s
+
+    @property
+    def client_cpu_share(self) -> float | None:
+        """The client's CPU seconds per wall second of the run (1.0 = one core busy)."""
+        return self.client_cpu_s / self.duration_s if self.duration_s > 0 else None
 
     @property
     def send_lag_s(self) -> list[float]:
@@ -86,6 +95,15 @@ class _Turns:
             self.changed.notify_all()
 
 
+def open_session(endpoint: Endpoint) -> aiohttp.ClientSession:
+    """The session a load run sends on: no connection limit (the client never queues a
+    request behind its own pool, so every wait it measures is the server's), keep-alive
+    connections, and the endpoint's connect timeout."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(
+        total=None, sock_connect=endpoint.connect_timeout_s))
+
+
 async def run_plan(endpoint: Endpoint, plan: Plan, *, duration_s: float | None = None,
                    drain_timeout_s: float = 30.0, cycle: bool = False,
                    on_done: Callable[[Sent], None] | None = None,
@@ -94,8 +112,8 @@ async def run_plan(endpoint: Endpoint, plan: Plan, *, duration_s: float | None =
 
     ``cycle`` (closed loop with a ``duration_s`` only) repeats the plan's requests until
     the duration ends. ``on_done`` is called as each request ends. ``session`` is
-    created when not given, with no connection limit: the client never queues a request
-    behind its own pool, so every wait it measures is the server's.
+    ``open_session(endpoint)`` when not given; pass one that a warm-up used so that the
+    run's first requests do not pay for their connections.
     """
     if duration_s is not None and not duration_s > 0:
         raise ValueError(f"duration_s={duration_s!r} must be > 0")
@@ -105,15 +123,12 @@ async def run_plan(endpoint: Endpoint, plan: Plan, *, duration_s: float | None =
         raise ValueError("cycle needs a closed loop bounded by duration_s")
     own_session = session is None
     if own_session:
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        session = aiohttp.ClientSession(connector=connector,
-                                        timeout=aiohttp.ClientTimeout(
-                                            total=None,
-                                            sock_connect=endpoint.connect_timeout_s))
+        session = open_session(endpoint)
     run = LoadRun()
     turns = _Turns()
     tasks: list[asyncio.Task] = []
     try:
+        cpu0_s = time.process_time()
         run.t0_s = time.perf_counter()
         deadline_s = None if duration_s is None else run.t0_s + duration_s
 
@@ -149,6 +164,7 @@ async def run_plan(endpoint: Endpoint, plan: Plan, *, duration_s: float | None =
             if task.exception() is not None:
                 raise task.exception()
         run.end_s = time.perf_counter()
+        run.client_cpu_s = time.process_time() - cpu0_s
         if deadline_s is not None and run.stopped_by == "count" and (
                 run.num_not_sent or cycle):
             run.stopped_by = "duration"

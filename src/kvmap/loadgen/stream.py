@@ -7,8 +7,10 @@ client's docstring for what counts as a content chunk.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
 
@@ -130,11 +132,26 @@ async def read_stream(response: aiohttp.ClientResponse, endpoint,
             handle(data)
     result.end_s = time.perf_counter()
     result.output_text = "".join(pieces)
+    if done:
+        await _drain(response)
     if not done and result.finish_reason is None:
         raise BadStream("the stream ended without [DONE] or a finish_reason")
     if not result.chunk_times_s and finish_chunk_s is not None \
             and (result.num_output_tokens or 0) > 0:
         result.chunk_times_s.append(finish_chunk_s)      # tokens without text
+
+
+async def _drain(response: aiohttp.ClientResponse, limit_s: float = 1.0) -> None:
+    """Read what follows ``[DONE]`` (the chunked body's end) so that the connection goes
+    back to the pool instead of being closed, and the next request of the closed loop
+    does not open a new one. A server that keeps the stream open after ``[DONE]`` costs
+    at most ``limit_s``; its connection is then closed, as before."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while await response.content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError):
+        pass
 
 
 def _json_object(raw: str | bytes, what: str) -> dict:

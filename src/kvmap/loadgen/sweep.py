@@ -21,14 +21,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import aiohttp
-
 from kvmap.bench.record import CellRecord
 from kvmap.bench.store import RunStore
 from kvmap.loadgen import prompts
 from kvmap.loadgen.client import Endpoint
 from kvmap.loadgen.results import load_metrics, request_row
-from kvmap.loadgen.runner import LoadRun, Sent, run_plan
+from kvmap.loadgen.runner import LoadRun, Sent, open_session, run_plan
 from kvmap.loadgen.scenario import LoadgenScenario
 from kvmap.loadgen.schedule import Level, make_plan
 from kvmap.loadgen.server_metrics import Scrape, agreement, scrape, server_view
@@ -175,7 +173,8 @@ def _cell_metrics(sent: list[Sent], run: LoadRun, duration_s: float, scenario, b
     metrics["server"] = view
     metrics["ttft_vs_server"] = agreement(
         (metrics["ttft_s"] or {}).get("mean"), view and view.get("ttft_mean_s"))
-    metrics.update(num_not_sent=run.num_not_sent, stopped_by=run.stopped_by)
+    metrics.update(num_not_sent=run.num_not_sent, stopped_by=run.stopped_by,
+                   client_cpu_s=run.client_cpu_s, client_cpu_share=run.client_cpu_share)
     return metrics
 
 
@@ -191,7 +190,7 @@ async def run_sweep(scenario: LoadgenScenario, endpoint: Endpoint, tokenizer,
                                  output_tokens=scenario.output_tokens)
     num_ran = num_skipped = ordinal = 0
     warmed_up = scenario.num_warmup == 0
-    async with aiohttp.ClientSession() as session:
+    async with open_session(endpoint) as session:
         for index, level in enumerate(scenario.levels):
             phases = range(len(level.phases)) if level.phases else [None]
             ids = [cell_id(scenario, index, p) for p in phases]
@@ -217,7 +216,8 @@ async def run_sweep(scenario: LoadgenScenario, endpoint: Endpoint, tokenizer,
                                                  scrapes, timeline))
             try:
                 run = await run_plan(endpoint, plan, duration_s=scenario.duration_s,
-                                     drain_timeout_s=scenario.drain_timeout_s, cycle=cycle)
+                                     drain_timeout_s=scenario.drain_timeout_s, cycle=cycle,
+                                     session=session)
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
