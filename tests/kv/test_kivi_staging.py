@@ -146,6 +146,7 @@ def test_greedy_tokens_match_a_never_evicting_pool(spec):
     got = [r.token_ids for r in small.generate(prompts, params)]
     want = [r.token_ids for r in every.generate(prompts, params)]
     assert got == want
+    assert small.engine.kv.usage().staging_bytes == 0      # finished: no live block staged
     rows = small.engine.kv.layers[0].state["staging"]["k"].shape[0]
     assert rows == 4 * -(-int(spec.split("residual=")[1][:-1]) // 4) < 256
     assert small.engine.kv.staging_bytes < every.engine.kv.staging_bytes

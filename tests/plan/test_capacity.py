@@ -186,7 +186,8 @@ def test_agrees_with_engine_pool(config, spec):
     staging = kv.codec.staging_bytes(geom, 40)
     budget = engine.bytes_per_block * 81 // 2 + staging
     num_blocks = num_blocks_for_budget(kv.codec, geom, budget, torch.bfloat16)
-    assert capacity.num_blocks_in(budget - staging, p.kv_bytes_per_block_per_gpu) == num_blocks == 40
+    assert capacity.num_blocks_in(budget - staging, p.kv_bytes_per_block_per_gpu) \
+        == num_blocks == 40
     assert kv.codec.num_blocks_in(budget, geom) == num_blocks
     pool = PagedKVCache(kv.codec, geom, num_blocks, "cpu", torch.bfloat16).pool
     num_seqs = 0

@@ -99,13 +99,17 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
     two on the pool instance sees every peak, including a prefill's blocks before a
     policy frees some. The pool's methods are restored on exit.
     """
-    pool, bytes_per_block = engine.kv.pool, engine.kv.bytes_per_block
-    peak = [pool.num_used * bytes_per_block]
+    pool, kv = engine.kv.pool, engine.kv
+
+    def resident() -> int:       # blocks, plus KIVI's staging rows in use (kv/cache.py)
+        return kv.usage().resident_bytes if kv.staging_bytes else pool.num_used * kv.bytes_per_block
+
+    peak = [resident()]
 
     def tracked(method):
         def wrapper(*args, **kwargs):
             result = method(*args, **kwargs)
-            peak[0] = max(peak[0], pool.num_used * bytes_per_block)
+            peak[0] = max(peak[0], resident())
             return result
         return wrapper
 
@@ -114,6 +118,7 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
         yield peak
     finally:
         del pool.allocate, pool.incref          # back to the class's methods
+        peak[0] = max(peak[0], resident())      # staging rows written after the last allocate
 
 
 # ---- the task ------------------------------------------------------------------------

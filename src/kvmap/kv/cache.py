@@ -23,7 +23,7 @@ class KVUsage:
     num_blocks_total: int
     bytes_per_block: int
     tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
-    staging_bytes: int = 0       # staging rows in use (KIVI's residual window), in resident
+    staging_bytes: int = 0       # staging rows of blocks in use (KIVI's residual window)
 
     def to_dict(self) -> dict:
         return {
@@ -74,8 +74,10 @@ class PagedKVCache:
         return self.geom.block_size
 
     def usage(self) -> KVUsage:
-        staged = sum(layer.staging_bytes(in_use=True) for layer in self.layers) \
-            if self.staging_bytes else 0
+        staged = 0
+        if self.staging_bytes:
+            live = torch.tensor(self.pool.ref_counts, device=self.device) > 0
+            staged = sum(layer.staging_bytes(live) for layer in self.layers)
         return KVUsage(
             resident_bytes=self.pool.num_used * self.bytes_per_block + staged,
             capacity_bytes=self.pool.num_blocks * self.bytes_per_block + self.staging_bytes,

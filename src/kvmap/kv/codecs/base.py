@@ -47,15 +47,18 @@ class LayerStore:
     def block_bytes(self) -> int:
         return block_bytes_of(self.blocks)
 
-    def staging_bytes(self, in_use: bool = False) -> int:
+    def staging_bytes(self, live_blocks: torch.Tensor | None = None) -> int:
         """Bytes of this layer's staging pool (KIVI's residual window, staging.py):
         ``state["staging"]``, tensors of one row per first index, ``["sid"] < 0`` marking
-        the free rows. All rows, or (``in_use``) the rows that hold a block."""
+        free rows and ``["owner"]`` the block a row holds. All rows, or the rows that hold
+        one of ``live_blocks`` ((num_blocks,) bool: the blocks sequences use; a freed
+        block's row is recycled first, being the least recently written)."""
         pool = self.state.get("staging", {})
         total = sum(t.element_size() * t.numel() for t in pool.values())
-        if not in_use or not pool:
+        if live_blocks is None or not pool:
             return total
-        return total // pool["sid"].shape[0] * int((pool["sid"] >= 0).sum())
+        held = (pool["sid"] >= 0) & live_blocks.index_select(0, pool["owner"].clamp(min=0))
+        return total // pool["sid"].shape[0] * int(held.sum())
 
     def block_to_bytes(self, block_id: int) -> list[tuple[str, torch.Tensor]]:
         """The tensors of one block, by name (views, no copy)."""
