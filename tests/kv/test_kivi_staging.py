@@ -152,3 +152,18 @@ def test_greedy_tokens_match_a_never_evicting_pool(spec):
     assert small.engine.kv.staging_bytes < every.engine.kv.staging_bytes
     assert math.isclose(small.engine.kv.staging_bytes / every.engine.kv.staging_bytes,
                         rows / 256, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("spec", ["kivi(bits=2,residual=8)", "kivi(bits=4,residual=8,staging_seqs=1)"])
+def test_preemption_in_a_tight_pool_with_few_rows(spec):
+    """24 blocks of 4 (rows capped at 24, or 2 for one staged sequence): sequences are
+    preempted and recomputed, rows overflow and are all protected at times; every
+    request completes, the pool is consistent, and no row is left to a live block."""
+    from tests.conftest import make_tiny_llm, random_prompts
+    tight = make_tiny_llm(kv=spec, num_blocks=24, block_size=4, max_num_batched_tokens=16)
+    out = tight.generate(random_prompts([30, 25, 33, 28], seed=5),
+                         SamplingParams(max_tokens=20, ignore_eos=True))
+    assert [len(r.token_ids) for r in out] == [20] * 4
+    assert tight.kv_usage()["num_preemptions"] > 0
+    tight.engine.check_integrity()
+    assert tight.kv_usage()["num_blocks_used"] == 0 and tight.engine.kv.usage().staging_bytes == 0

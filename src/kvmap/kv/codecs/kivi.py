@@ -130,9 +130,10 @@ class KIVI(QuantCodec):
         need = self.exact_blocks(store, touched) & ~valid
         if bool(need.any()):
             blocks = touched[need]
-            got = staging.assign(store, blocks, protect=touched)
-            k, v = super().read(store, blocks[got])
-            staging.write_rows(store, blocks[got], k, v)
+            blocks = blocks[staging.assign(store, blocks, protect=touched)]
+            if blocks.numel():                   # none when every row is protected
+                k, v = super().read(store, blocks)
+                staging.write_rows(store, blocks, k, v)
 
     def exact_blocks(self, store: LayerStore, block_ids: torch.Tensor) -> torch.Tensor:
         """(N,) bool: blocks KIVI reads in full precision (partial, or all tokens younger
