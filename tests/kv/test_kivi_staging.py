@@ -154,7 +154,8 @@ def test_greedy_tokens_match_a_never_evicting_pool(spec):
                         rows / 256, rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("spec", ["kivi(bits=2,residual=8)", "kivi(bits=4,residual=8,staging_seqs=1)"])
+@pytest.mark.parametrize("spec", ["kivi(bits=2,residual=8)",
+                                  "kivi(bits=4,residual=8,staging_seqs=1)"])
 def test_preemption_in_a_tight_pool_with_few_rows(spec):
     """24 blocks of 4 (rows capped at 24, or 2 for one staged sequence): sequences are
     preempted and recomputed, rows overflow and are all protected at times; every
@@ -166,4 +167,5 @@ def test_preemption_in_a_tight_pool_with_few_rows(spec):
     assert [len(r.token_ids) for r in out] == [20] * 4
     assert tight.kv_usage()["num_preemptions"] > 0
     tight.engine.check_integrity()
-    assert tight.kv_usage()["num_blocks_used"] == 0 and tight.engine.kv.usage().staging_bytes == 0
+    assert tight.kv_usage()["num_blocks_used"] == 0
+    assert tight.engine.kv.usage().staging_bytes == 0
