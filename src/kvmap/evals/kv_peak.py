@@ -16,14 +16,27 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
 
     Yields a one-item list; its value is the peak in bytes (block-granular) once the
     block exits. Windows nest: an inner window does not hide an earlier, higher peak from
-    the window around it.
+    the window around it. With a codec that stages exact tokens outside the pool's blocks
+    (KIVI's residual window, ``kv/codecs/staging.py``) the staging rows in use count too,
+    sampled whenever blocks become used and at the end.
     """
-    pool, bytes_per_block = engine.kv.pool, engine.kv.bytes_per_block
+    kv = engine.kv
+    pool, bytes_per_block = kv.pool, kv.bytes_per_block
     outer_peak = pool.peak_num_used_blocks
     pool.reset_peak()
     peak = [pool.num_used * bytes_per_block]
+    staged = [0]
+
+    def sample() -> None:                 # blocks + staging rows, at this moment
+        staged[0] = max(staged[0], kv.usage().resident_bytes)
+
+    if kv.staging_bytes:
+        pool.on_used.append(sample)
     try:
         yield peak
     finally:
-        peak[0] = pool.peak_num_used_blocks * bytes_per_block
+        if kv.staging_bytes:
+            pool.on_used.remove(sample)
+            sample()
+        peak[0] = max(pool.peak_num_used_blocks * bytes_per_block, staged[0])
         pool.peak_num_used_blocks = max(outer_peak, pool.peak_num_used_blocks)

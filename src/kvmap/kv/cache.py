@@ -23,6 +23,7 @@ class KVUsage:
     num_blocks_total: int
     bytes_per_block: int
     tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
+    staging_bytes: int = 0       # staging rows of blocks in use (KIVI's residual window)
 
     def to_dict(self) -> dict:
         return {
@@ -33,14 +34,16 @@ class KVUsage:
             "bytes_per_block": self.bytes_per_block,
             "usage": self.num_blocks_used / self.num_blocks_total,
             "tiers": dict(self.tiers),
+            "staging_bytes": self.staging_bytes,
         }
 
 
 def num_blocks_for_budget(codec: Codec, geom: KVGeometry, kv_memory_bytes: int,
                           compute_dtype: torch.dtype) -> int:
-    """How many blocks fit a byte budget; raises if fewer than one block does."""
+    """How many blocks fit a byte budget together with the codec's staging pool for
+    them (``Codec.num_blocks_in``); raises if fewer than one block does."""
     per_block = codec.block_bytes(geom, compute_dtype)
-    n = kv_memory_bytes // per_block
+    n = codec.num_blocks_in(kv_memory_bytes, geom, compute_dtype)
     if n < 1:
         raise ValueError(
             f"kv_memory={kv_memory_bytes} bytes is too small for one block of "
@@ -62,6 +65,7 @@ class PagedKVCache:
             codec.allocate(num_blocks, geom, self.device, compute_dtype, layer_id=i)
             for i in range(geom.num_layers)]
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
+        self.staging_bytes = sum(layer.staging_bytes() for layer in self.layers)   # all rows
         # the levels below the pool (kvmap.kv.tiers.store.TieredStore installs itself)
         self.tiers = None
 
@@ -70,11 +74,16 @@ class PagedKVCache:
         return self.geom.block_size
 
     def usage(self) -> KVUsage:
+        staged = 0
+        if self.staging_bytes:
+            live = torch.tensor(self.pool.ref_counts, device=self.device) > 0
+            staged = sum(layer.staging_bytes(live) for layer in self.layers)
         return KVUsage(
-            resident_bytes=self.pool.num_used * self.bytes_per_block,
-            capacity_bytes=self.pool.num_blocks * self.bytes_per_block,
+            resident_bytes=self.pool.num_used * self.bytes_per_block + staged,
+            capacity_bytes=self.pool.num_blocks * self.bytes_per_block + self.staging_bytes,
             num_blocks_used=self.pool.num_used,
             num_blocks_total=self.pool.num_blocks,
             bytes_per_block=self.bytes_per_block,
             tiers=self.tiers.resident() if self.tiers is not None else {},
+            staging_bytes=staged,
         )

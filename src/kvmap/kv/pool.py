@@ -40,6 +40,9 @@ class BlockPool:
         self.peak_num_used_blocks = 0     # most blocks in use at once since reset_peak()
         # called with (block_id, hash) just before a cached block is reused for new content
         self.on_evict: Callable[[int, bytes], object] | None = None
+        # called after blocks become used (allocate, a cached block's incref): readers of
+        # a peak that is not only blocks (KIVI's staging rows) sample there
+        self.on_used: list[Callable[[], object]] = []
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -72,6 +75,8 @@ class BlockPool:
             self.ref_counts[block_id] = 1
             out.append(block_id)
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used)
+        for observe in self.on_used:
+            observe()
         return out
 
     def free(self, block_ids: list[int]) -> None:
@@ -90,6 +95,10 @@ class BlockPool:
         if self.ref_counts[block_id] == 0:       # a cached free block comes back: a peak
             del self.free_queue[block_id]
             self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used)
+            self.ref_counts[block_id] += 1
+            for observe in self.on_used:
+                observe()
+            return
         self.ref_counts[block_id] += 1
 
     # ---- prefix cache ----------------------------------------------------------------

@@ -82,7 +82,7 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     weight_bytes_gpu = math.ceil(all_weight_bytes / num_gpus)
     usable = capacity.usable_kv_bytes_per_gpu(gpu.memory_bytes, weight_bytes_gpu,
                                               gpu_memory_utilization, reserve_bytes_per_gpu)
-    num_blocks = capacity.num_blocks_in(usable, block_bytes_gpu)
+    num_blocks = kv.codec.num_blocks_in(usable, geom_gpu, capacity.COMPUTE_DTYPE)   # + staging
     max_seqs = num_blocks // blocks_per_seq
 
     def step_s(num_seqs: int) -> float:

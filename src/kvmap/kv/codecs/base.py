@@ -47,6 +47,19 @@ class LayerStore:
     def block_bytes(self) -> int:
         return block_bytes_of(self.blocks)
 
+    def staging_bytes(self, live_blocks: torch.Tensor | None = None) -> int:
+        """Bytes of this layer's staging pool (KIVI's residual window, staging.py):
+        ``state["staging"]``, tensors of one row per first index, ``["sid"] < 0`` marking
+        free rows and ``["owner"]`` the block a row holds. All rows, or the rows that hold
+        one of ``live_blocks`` ((num_blocks,) bool: the blocks sequences use; a freed
+        block's row is recycled first, being the least recently written)."""
+        pool = self.state.get("staging", {})
+        total = sum(t.element_size() * t.numel() for t in pool.values())
+        if live_blocks is None or not pool:
+            return total
+        held = (pool["sid"] >= 0) & live_blocks.index_select(0, pool["owner"].clamp(min=0))
+        return total // pool["sid"].shape[0] * int(held.sum())
+
     def block_to_bytes(self, block_id: int) -> list[tuple[str, torch.Tensor]]:
         """The tensors of one block, by name (views, no copy)."""
         return [(name, t[block_id]) for name, t in self.blocks.items()]
@@ -123,7 +136,39 @@ class Codec(Options):
 
     def bytes_per_token(self, geom: KVGeometry,
                         compute_dtype: torch.dtype = torch.bfloat16) -> float:
+        """Bytes per token of the blocks (what sizes the pool); see ``resident_bytes``."""
         return self.block_bytes(geom, compute_dtype) / geom.block_size
+
+    def staging_bytes(self, geom: KVGeometry, num_blocks: int,
+                      compute_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Exact bytes outside the blocks of a cache of ``num_blocks``, all layers."""
+        store = self.allocate(num_blocks, geom, "meta", compute_dtype)
+        return store.staging_bytes() * geom.num_layers
+
+    def num_blocks_in(self, kv_bytes: int, geom: KVGeometry,
+                      compute_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Whole blocks a byte budget holds together with their staging pool (at most
+        one row per block), 0 for none: the engine's pool and the planner both ask this."""
+        per_block = self.block_bytes(geom, compute_dtype)
+        n = max(0, kv_bytes) // per_block
+        most = self.staging_bytes(geom, n, compute_dtype) if n else 0
+        if not most:
+            return n
+        per_row = self.staging_bytes(geom, 1, compute_dtype)
+        return max(0, (kv_bytes - most) // per_block, kv_bytes // (per_block + per_row))
+
+    def staging_bytes_per_seq(self, geom: KVGeometry,
+                              compute_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Staging bytes one running sequence needs, all layers (0 without staging)."""
+        return 0
+
+    def resident_bytes(self, geom: KVGeometry, context_tokens: int,
+                       compute_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Exact bytes one sequence of ``context_tokens`` holds: its blocks plus its
+        share of a staging pool."""
+        num_blocks = -(-context_tokens // geom.block_size)
+        return (num_blocks * self.block_bytes(geom, compute_dtype)
+                + self.staging_bytes_per_seq(geom, compute_dtype))
 
 
 # spec-string name -> codec class; each codec file registers its classes here

@@ -14,11 +14,11 @@ Where "the block's tokens so far" come from is the one choice:
 * ``staging=False``: decoded from the block's own codes. No extra bytes; a token is
   re-rounded only when a later token widens its channel's range (decoding and encoding
   on an unchanged grid is exact), so the error grows by at most half a step per widening.
-* ``staging=True``: from ``{prefix}.fp`` (num_blocks, bs, H, D) in the compute dtype,
-  a full-precision copy of every written token (resident, and counted). Codes are then
-  always rounded once from exact values, and ``read`` returns the exact values of a
-  block until its last offset is written (``{prefix}.full`` (num_blocks,) bool): the
-  newest, not yet full block is kept in full precision, as KIVI's residual.
+* ``staging=True``: from the block's exact rows in KIVI's staging pool (staging.py)
+  where it has them, else from its codes. A block being filled always has them unless
+  the pool overflowed, so codes are rounded once from exact values. ``{prefix}.full``
+  (num_blocks,) bool records that a block's last offset is written (kivi.py reads a
+  partial block exactly).
 
 Assumes tokens are written into a block in offset order (appends, prefill chunks,
 compaction into fresh blocks), so a block's valid offsets after a write are 0..the
@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import torch
 
+from kvmap.kv.codecs import staging
 from kvmap.kv.codecs.base import LayerStore
 from kvmap.kv.codecs.quant import minmax, quantize, range_params
-from kvmap.kv.codecs.quantizers import TensorQuant, flat_slots
+from kvmap.kv.codecs.quantizers import TensorQuant
 
 
 class BlockQuant(TensorQuant):
@@ -48,9 +49,6 @@ class BlockQuant(TensorQuant):
             store.blocks[f"{self.prefix}.{n}"] = torch.zeros(shape, dtype=torch.float16,
                                                              device=device)
         if self.staging:
-            store.blocks[f"{self.prefix}.fp"] = torch.zeros(
-                (num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim),
-                dtype=dtype, device=device)
             store.blocks[f"{self.prefix}.full"] = torch.zeros(num_blocks, dtype=torch.bool,
                                                               device=device)
 
@@ -59,12 +57,12 @@ class BlockQuant(TensorQuant):
         bs = blocks[f"{p}.q"].shape[1]
         block_of, offset = slot_ids // bs, slot_ids % bs                  # (T,) each
         touched, which = torch.unique(block_of, return_inverse=True)      # (N,), (T,)
+        src = super().read(store, touched, torch.float32)                # (N, bs, H, D)
         if self.staging:
-            flat_slots(blocks[f"{p}.fp"]).index_copy_(0, slot_ids, x.to(blocks[f"{p}.fp"].dtype))
-            src = blocks[f"{p}.fp"].index_select(0, touched).float()     # (N, bs, H, D)
-        else:
-            src = super().read(store, touched, torch.float32)            # (N, bs, H, D)
-            src[which, offset] = x.float()
+            exact, staged = staging.gather(store, p, touched)
+            src = torch.where(staged[:, None, None, None], exact.float(), src)
+            x = x.to(exact.dtype)                    # what the staging rows will hold
+        src[which, offset] = x.float()
         last = torch.full_like(touched, -1).scatter_reduce_(0, which, offset, "amax")
         valid = torch.arange(bs, device=x.device) <= last[:, None]       # (N, bs)
         keep = valid[..., None, None]                                     # (N, bs, 1, 1)
@@ -91,9 +89,5 @@ class BlockQuant(TensorQuant):
         return None
 
     def read(self, store: LayerStore, block_ids: torch.Tensor, dtype) -> torch.Tensor:
-        x = super().read(store, block_ids, dtype)                         # (N, bs, H, D)
-        if not self.staging:
-            return x
-        full = store.blocks[f"{self.prefix}.full"].index_select(0, block_ids)  # (N,)
-        fp = store.blocks[f"{self.prefix}.fp"].index_select(0, block_ids).to(dtype)
-        return torch.where(full[:, None, None, None], x, fp)
+        """The codes, decoded; with staging the caller (kivi.py) picks the exact rows."""
+        return super().read(store, block_ids, dtype)                      # (N, bs, H, D)
