@@ -359,7 +359,8 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     prompt_ids = [tokenizer.encode(r.prompt) if llm.tokenizer is None else llm.encode(r.prompt)
                   for r in requests]
     total = len(requests)
-    with track_peak_kv_bytes(llm.engine) as peak:
+    from kvmap.bench.timeseries import TimeSeriesSampler
+    with track_peak_kv_bytes(llm.engine) as peak, TimeSeriesSampler(llm.engine) as ts:
         outputs, errors, stats = drive(llm.engine, requests, prompt_ids, spec.concurrency,
                                        lambda n: progress(n / total))
     rows = request_rows(cell, requests, outputs, errors, stats.start_s)
@@ -381,7 +382,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
         num_evicted_tokens=usage.get("num_evicted_tokens"),
         needle_accuracy=sum(judged) / len(judged) if judged else None,
         model_load_s=load_s,
-        **_tier_metrics(usage))
+        **_tier_metrics(usage), **ts.summary(), timeseries=ts.columns())
     # For the checklist (kvmap.bench.probes): output stability across batch compositions
     # and operator launches per decode step; after the workload, so they time nothing.
     from kvmap.bench.probes import run_probes

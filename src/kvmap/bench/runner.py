@@ -32,6 +32,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunStore
+from kvmap.bench.timeseries import write_timeseries
 
 
 @dataclass
@@ -158,6 +159,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                     log_path = store.log_path(cell.cell_id)
                     log_path.parent.mkdir(exist_ok=True)
                     log_path.write_text(result.log)
+                write_timeseries(store.dir, record)     # the series goes beside the rows
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
                 t_cell = started.pop(cell.cell_id, t_run)

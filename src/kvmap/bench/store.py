@@ -252,6 +252,12 @@ class RunStore:
         return pq.read_table(self.requests_path)
 
 
+    def timeseries(self, cell_id: str) -> pa.Table | None:
+        """The cell's system time series (``kvmap.bench.timeseries``), None if absent."""
+        path = self.dir / "timeseries" / f"{cell_id}.parquet"
+        return pq.read_table(path) if path.exists() else None
+
+
 def requests_table(rows: list[dict]) -> pa.Table:
     """Rows as a table of ``REQUEST_SCHEMA`` (missing fields are null, extras dropped)."""
     names = REQUEST_SCHEMA.names
