@@ -27,3 +27,15 @@ def test_waste_empty_and_bad_input():
         internal_waste([(2, 33)], 16, 1024)
     with pytest.raises(ValueError, match="block_size=0"):
         internal_waste([(1, 1)], 0, 1024)
+
+
+def test_block_size_not_dividing_context_is_named():
+    from tests.conftest import make_tiny_llm
+    with pytest.raises(ValueError, match=r"block_size=7 does not divide the model's context"):
+        make_tiny_llm(block_size=7)
+
+
+def test_block_size_larger_than_pool_budget_is_named():
+    from tests.conftest import make_tiny_llm
+    with pytest.raises(ValueError, match=r"too small for one block of 64 tokens"):
+        make_tiny_llm(block_size=64, num_blocks=None, kv_memory=1024)
