@@ -65,3 +65,17 @@ def test_write_and_read_back(tmp_path):
     table = RunStore(tmp_path).timeseries("c1")
     assert table.column("rss_bytes").to_pylist() == [1, 2]
     assert RunStore(tmp_path).timeseries("nope") is None
+
+
+def test_report_draws_stored_series(tmp_path):
+    import base64
+    from kvmap.report.timeseries import timeseries_figures
+    record = {"cell_id": "c1", "metrics": {"timeseries": {
+        "t_s": [0.0, 0.1, 0.2], "rss_bytes": [10, 20, 30], "num_running": [0, 4, 0],
+        "num_waiting": [4, 0, 0], "disk_read_bytes": [0, 100, 300]}}}
+    write_timeseries(tmp_path, record)
+    cells = [{"cell_id": "c1", "kind": "workload", "kv": "fp32", "workload": "w"},
+             {"cell_id": "c2", "kind": "task", "kv": "fp32", "workload": None}]
+    (label, png), = timeseries_figures(tmp_path, cells)
+    assert label == "fp32 | w"
+    assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
