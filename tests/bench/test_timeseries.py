@@ -79,3 +79,18 @@ def test_report_draws_stored_series(tmp_path):
     (label, png), = timeseries_figures(tmp_path, cells)
     assert label == "fp32 | w"
     assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_server_exports_waste_and_disk_io():
+    from kvmap.request import SamplingParams
+    from kvmap.server.metrics import ServerMetrics
+    llm = make_tiny_llm()
+    llm.engine.add_request([1] * 10, SamplingParams(max_tokens=5, ignore_eos=True))
+    llm.engine.step()
+    m = ServerMetrics("tiny", 128)
+    m.update_engine_state([llm.engine], 0)
+    text = m.render().decode()
+    per_slot = llm.engine.kv.bytes_per_block // llm.engine.kv.block_size
+    line = next(l for l in text.splitlines() if l.startswith("kvmap:kv_waste_bytes{"))
+    assert float(line.split()[-1]) == 2 * per_slot
+    assert "kvmap:process_disk_read_bytes_total" in text

@@ -19,6 +19,8 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvmap.bench.timeseries import proc_io, snapshot
+
 # vLLM v1 (vllm/v1/metrics/loggers.py) bucket boundaries, seconds
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -60,6 +62,14 @@ class _ProcessCollector:
                                   value=cpu.user + cpu.system)
         yield GaugeMetricFamily("kvmap:process_threads", "Threads of the server process.",
                                 value=threads)
+        io = proc_io()                   # disk IO of the process; absent off Linux
+        if io:
+            yield CounterMetricFamily("kvmap:process_disk_read_bytes",
+                                      "Bytes the server process read from storage.",
+                                      value=io["disk_read_bytes"])
+            yield CounterMetricFamily("kvmap:process_disk_written_bytes",
+                                      "Bytes the server process wrote to storage.",
+                                      value=io["disk_write_bytes"])
 
 
 class ServerMetrics:
@@ -149,6 +159,12 @@ class ServerMetrics:
                                    ("tier",))
         self.tier_io = counter("kvmap:kv_tier_io_seconds",
                                "Wall seconds spent reading and writing a tier.", ("tier",))
+        self.tier_bytes_read = counter("kvmap:kv_tier_read_bytes", "Bytes read from a tier.",
+                                       ("tier",))
+        self.tier_bytes_written = counter("kvmap:kv_tier_written_bytes",
+                                          "Bytes written to a tier.", ("tier",))
+        self.waste_bytes = gauge("kvmap:kv_waste_bytes", "KV slots allocated but holding no "
+                                 "token (partly filled last blocks), in bytes.").labels(*lv)
         self.tier_read_p99 = gauge("kvmap:kv_tier_read_p99_seconds",
                                    "P99 block read latency of a tier (recent reads).",
                                    ("tier",))
@@ -214,6 +230,11 @@ class ServerMetrics:
                 self._advance(eid, f"{tier}.misses", t.get("num_misses", 0),
                               self.tier_misses.labels(*lv))
                 self._advance(eid, f"{tier}.io", t.get("io_s", 0.0), self.tier_io.labels(*lv))
+                self._advance(eid, f"{tier}.read", t.get("bytes_read", 0),
+                              self.tier_bytes_read.labels(*lv))
+                self._advance(eid, f"{tier}.written", t.get("bytes_written", 0),
+                              self.tier_bytes_written.labels(*lv))
+        self.waste_bytes.set(sum(snapshot(e)["kv_waste_bytes"] for e in engines))
         self.num_running.set(running)
         self.num_waiting.set(num_waiting)
         self.kv_usage.set(usage_of_active)
