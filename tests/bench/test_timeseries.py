@@ -94,3 +94,29 @@ def test_server_exports_waste_and_disk_io():
     line = next(l for l in text.splitlines() if l.startswith("kvmap:kv_waste_bytes{"))
     assert float(line.split()[-1]) == 2 * per_slot
     assert "kvmap:process_disk_read_bytes_total" in text
+
+
+def test_bench_run_stores_series_and_waste_keys(tmp_path):
+    import textwrap
+    from kvmap.bench.runner import run_scenario
+    from kvmap.bench.scenario import load_scenario
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent("""
+        models: ["dummy:tiny"]
+        engine: {kv_memory: 1MiB, block_size: 4, max_num_batched_tokens: 64}
+        kv: [fp32]
+        workloads:
+          - {name: tp, kind: synthetic, num_requests: 4, prompt_len: 10, output_len: 30,
+             arrival: "closed:2"}
+        """))
+    out = tmp_path / "run"
+    run_scenario(load_scenario(path), out, show_progress=False)
+    store = RunStore(out)
+    (cell,) = store.cells()
+    assert cell["status"] == "ok", cell.get("error")
+    assert "timeseries" not in cell["metrics"]                  # moved to its own file
+    assert {"kv_waste_bytes_max", "kv_waste_bytes_mean", "kv_waste_share_mean"} \
+        <= set(cell["metrics"])
+    table = store.timeseries(cell["cell_id"])
+    assert table is not None and table.num_rows >= 2
+    assert max(table.column("num_running").to_pylist()) <= 2
