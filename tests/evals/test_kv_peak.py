@@ -31,7 +31,7 @@ def test_pool_peak_follows_allocate_incref_and_reset():
 
 def test_track_peak_kv_bytes_reads_the_pool_and_nests():
     pool = BlockPool(num_blocks=16, block_size=4)
-    engine = SimpleNamespace(kv=SimpleNamespace(pool=pool, bytes_per_block=100))
+    engine = SimpleNamespace(kv=SimpleNamespace(pool=pool, bytes_per_block=100, staging_bytes=0))
     held = pool.allocate(2)
     with track_peak_kv_bytes(engine) as outer:
         big = pool.allocate(6)                 # 8 used

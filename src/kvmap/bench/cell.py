@@ -69,6 +69,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     from kvmap.bench.drive import drive
     from kvmap.bench.workload_metrics import (load_metrics, prefix_metrics, request_rows,
                                               throughput_windows, tier_metrics)
+    from kvmap.bench.timeseries import TimeSeriesSampler
     from kvmap.evals.ppl import track_peak_kv_bytes
     from kvmap.metrics import aggregate
     from kvmap.workloads import build_requests
@@ -81,7 +82,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     prompt_ids = [tokenizer.encode(r.prompt) if llm.tokenizer is None else llm.encode(r.prompt)
                   for r in requests]
     total = len(requests)
-    with track_peak_kv_bytes(llm.engine) as peak:
+    with track_peak_kv_bytes(llm.engine) as peak, TimeSeriesSampler(llm.engine) as ts:
         outputs, errors, loop = drive(llm.engine, requests, prompt_ids, spec.concurrency,
                                       lambda n: progress(n / total))
     stats = llm.stats()
@@ -95,7 +96,8 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
         output_throughput_windows_tok_s=throughput_windows(rows, loop.duration_s),
         **prefix_metrics(stats),
         needle_accuracy=sum(judged) / len(judged) if judged else None,
-        model_load_s=load_s, **tier_metrics(stats))
+        model_load_s=load_s, **tier_metrics(stats), **ts.summary(),
+        timeseries=ts.columns())
     # For the checklist (kvmap.bench.probes): output stability across batch compositions
     # and operator launches per decode step; after the workload, so they time nothing.
     from kvmap.bench.probes import run_probes

@@ -34,6 +34,7 @@ from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_ce
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
+from kvmap.bench.timeseries import write_timeseries
 
 
 @dataclass
@@ -160,6 +161,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                                                         node=result.node)
                 if result.log is not None:
                     store.write_log(cell.cell_id, result.log)
+                write_timeseries(store.dir, record)     # the series goes beside the rows
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
                 t_cell = started.pop(cell.cell_id, t_run)

@@ -282,6 +282,11 @@ class RunStore:
             return REQUEST_SCHEMA.empty_table()
         return pq.read_table(self.requests_path)
 
+    def timeseries(self, cell_id: str) -> pa.Table | None:
+        """The cell's system time series (``kvmap.bench.timeseries``), None if absent."""
+        path = self.dir / "timeseries" / f"{cell_id}.parquet"
+        return pq.read_table(path) if path.exists() else None
+
 
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock`` for the lifetime of a run (released
@@ -318,6 +323,7 @@ class RunLock:
             pass
         os.close(self._fd)           # closing the descriptor releases the lock
         self._fd = None
+
 
 
 def requests_table(rows: list[dict]) -> pa.Table:

@@ -62,6 +62,12 @@ class Engine:
         self.model = model
         loaded.weights = None     # the model holds the fused copies now
         cc = config.cache
+        max_pos = loaded.config.max_position_embeddings
+        if max_pos % cc.block_size:
+            fits = [str(b) for b in (8, 16, 32, 64) if max_pos % b == 0]
+            raise ValueError(f"block_size={cc.block_size} does not divide the model's context "
+                             f"of {max_pos} tokens; choose a divisor (e.g. "
+                             f"{', '.join(fits) or '1'})")
         self.geom = KVGeometry.of(loaded.config, cc.block_size)
         codec = self.kv_config.codec
         codec.validate_geometry(self.geom)

@@ -15,6 +15,7 @@ from kvmap.report.analysis import Analysis
 from kvmap.report.intervals import METHOD
 from kvmap.report.recommend import fmt
 from kvmap.report.table import metric_rows, slug
+from kvmap.report.timeseries import timeseries_figures
 
 REPORT_NAME = "report.html"
 
@@ -51,6 +52,7 @@ def context(a: Analysis) -> dict:
         "cdfs": plots.latency_cdfs(a.configs),
         "position": plots.position_latency(a.configs),
         "tiers": plots.tier_plots(a.configs),
+        "timeseries": timeseries_figures(a.run.run_dir, a.run.cells),
         "heatmaps": [(slug(t), plots.retrieval_heatmaps(a.configs, t)) for t in retrieval],
     }
     swept = list(dict.fromkeys(w for c in a.configs for w in c.curves))

@@ -19,6 +19,8 @@ class TierCounters:
     num_hits: int
     num_misses: int
     io_s: float
+    bytes_read: int = 0
+    bytes_written: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ def engine_state(engine: Engine) -> EngineState:
             stats = lv.tier.stats
             tiers[lv.tier.name] = TierCounters(lv.tier.used_bytes, lv.tier.capacity_bytes,
                                                stats.hits, stats.misses,
-                                               stats.read_s + stats.write_s)
+                                               stats.read_s + stats.write_s,
+                                               stats.bytes_read, stats.bytes_written)
     runner = engine.policy_runner
     return EngineState(
         num_running=len(engine.scheduler.running),

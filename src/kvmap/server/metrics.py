@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvmap.metrics import percentile
 from kvmap.server.engine_state import engine_state, tier_windows
+from kvmap.bench.timeseries import proc_io, snapshot
 
 # vLLM v1 (vllm/v1/metrics/loggers.py) bucket boundaries, seconds
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -63,6 +64,14 @@ class _ProcessCollector:
                                   value=cpu.user + cpu.system)
         yield GaugeMetricFamily("kvmap:process_threads", "Threads of the server process.",
                                 value=threads)
+        io = proc_io()                   # disk IO of the process; absent off Linux
+        if io:
+            yield CounterMetricFamily("kvmap:process_disk_read_bytes",
+                                      "Bytes the server process read from storage.",
+                                      value=io["disk_read_bytes"])
+            yield CounterMetricFamily("kvmap:process_disk_written_bytes",
+                                      "Bytes the server process wrote to storage.",
+                                      value=io["disk_write_bytes"])
 
 
 class _TierPercentileCollector:
@@ -193,6 +202,12 @@ class ServerMetrics:
                                    ("tier",))
         self.tier_io = counter("kvmap:kv_tier_io_seconds",
                                "Wall seconds spent reading and writing a tier.", ("tier",))
+        self.tier_bytes_read = counter("kvmap:kv_tier_read_bytes", "Bytes read from a tier.",
+                                       ("tier",))
+        self.tier_bytes_written = counter("kvmap:kv_tier_written_bytes",
+                                          "Bytes written to a tier.", ("tier",))
+        self.waste_bytes = gauge("kvmap:kv_waste_bytes", "KV slots allocated but holding no "
+                                 "token (partly filled last blocks), in bytes.").labels(*lv)
         self.tier_read_p99 = _TierPercentileCollector(self.labels)
         r.register(self.tier_read_p99)
         self.evicted_tokens = counter("kvmap:kv_evicted_tokens",
@@ -262,8 +277,13 @@ class ServerMetrics:
                 self._advance(eid, f"{tier}.misses", t.num_misses,
                               self.tier_misses.labels(*lv))
                 self._advance(eid, f"{tier}.io", t.io_s, self.tier_io.labels(*lv))
+                self._advance(eid, f"{tier}.read", t.bytes_read,
+                              self.tier_bytes_read.labels(*lv))
+                self._advance(eid, f"{tier}.written", t.bytes_written,
+                              self.tier_bytes_written.labels(*lv))
             for tier, window in tier_windows(engine).items():
                 windows.setdefault(tier, []).append(window)
+        self.waste_bytes.set(sum(snapshot(e)["kv_waste_bytes"] for e in engines))
         self.num_running.set(running)
         self.num_waiting.set(num_waiting)
         self.kv_usage.set(usage_of_active)

@@ -14,6 +14,7 @@ from kvmap.workloads.spec import WorkloadSpec
 
 EVICTIONS = ("lru", "lfu", "arc")
 PREFETCH_MODES = ("none", "queue")
+RESERVATIONS = ("paged", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,10 @@ class EngineSettings:
     in HBM and offloads the rest to the first tier, streamed back every step;
     ``stream_overlap`` says whether that stream overlaps compute (layer-ahead prefetch);
     ``prefetch_depth`` is how many requests at the head of the waiting queue have their
-    prefix staged ahead (with ``prefetch: queue``).
+    prefix staged ahead (with ``prefetch: queue``). ``reservation: contiguous`` models a
+    static allocator that reserves ``reservation_tokens`` (default: the model's context)
+    per request on admission instead of growing block by block (``paged``); it shares no
+    prefix blocks.
     """
 
     block_size: int = 16
@@ -36,13 +40,18 @@ class EngineSettings:
     hbm_window_tokens: int | None = None
     stream_overlap: bool = True
     prefetch_depth: int = 8
+    reservation: str = "paged"
+    reservation_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "prefetch_depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"engine.{name}={value!r} must be an integer >= 1")
-        for name in ("kv_memory_bytes", "hbm_window_tokens"):
+        if self.reservation not in RESERVATIONS:
+            raise ValueError(f"engine.reservation={self.reservation!r} is not one of "
+                             f"{', '.join(RESERVATIONS)}")
+        for name in ("kv_memory_bytes", "hbm_window_tokens", "reservation_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"engine.{name}={value!r} must be a positive integer")

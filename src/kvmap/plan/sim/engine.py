@@ -101,8 +101,10 @@ class Simulator:
         self.policy = config.kv.policy
         self.window = config.model.config.sliding_window
         self.num_layers = config.model.config.num_layers
+        self.contiguous = e.reservation == "contiguous"
+        self.reserve_tokens = e.reservation_tokens or config.model.config.max_position_embeddings
         self.keyed = (e.enable_prefix_caching and self.policy is None and not self.window
-                      and e.hbm_window_tokens is None)
+                      and e.hbm_window_tokens is None and not self.contiguous)
         self.window_blocks = (None if e.hbm_window_tokens is None
                               else math.ceil(e.hbm_window_tokens / e.block_size) + 1)
         self.store = BlockStore(self.num_hbm_blocks, self.mc.kv_block_bytes,
@@ -135,6 +137,8 @@ class Simulator:
         blocks until the step after its last chunk."""
         if num_tokens <= 0:
             return 0
+        if self.contiguous:          # the whole reservation from the first token on
+            return math.ceil(max(num_tokens, self.reserve_tokens) / self.block_size)
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
         policy = self.policy if compressed else None

@@ -55,7 +55,8 @@ HARDWARE_KEYS = {"gpu", "num_devices", "memory", "compute_flops", "memory_bandwi
                  "num_threads", "dtype"}
 TIER_KEYS = {"name", "preset", "capacity", "bandwidth", "latency", "iops", "io_bytes", "link"}
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-               "kv_memory", "hbm_window_tokens", "stream_overlap", "prefetch_depth"}
+               "kv_memory", "hbm_window_tokens", "stream_overlap", "prefetch_depth",
+               "reservation", "reservation_tokens"}
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 
