@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmap.bench.cell import drive
+from kvmap.bench.drive import drive
 from kvmap.bench.store import RunStore
 from kvmap.bench.timeseries import (TimeSeriesSampler, snapshot, time_weighted_mean,
                                     write_timeseries)
