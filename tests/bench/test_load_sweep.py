@@ -125,3 +125,35 @@ def test_serve_takes_a_token_budget():
     int8 = factory("int8")
     assert first.kv_budget_bytes() == int8.kv_budget_bytes() == 256 * 2 * 2 * 2 * 16 * 2
     assert first.stats().capacity_tokens == 256 < int8.stats().capacity_tokens
+
+
+def test_quantized_model_entry_has_its_own_jobs_by_label(tmp_path):
+    scenario = _scenario(tmp_path, """
+        models: ["dummy:tiny", {name: "dummy:tiny", quantization: int8}]
+        engine: {kv_memory: 64 tokens, block_size: 4}
+        kv: [bf16, int8]
+        workloads:
+          - {name: w, kind: synthetic, num_requests: 2, prompt_len: 8, output_len: 2,
+             models: ["dummy:tiny"]}
+          - {name: w, kind: synthetic, num_requests: 2, prompt_len: 8, output_len: 2,
+             models: ["dummy:tiny+int8"], kv: [int8]}
+        """)
+    cells = scenario.cells()
+    assert [(c.model.label, c.kv) for c in cells] == [
+        ("dummy:tiny", "bf16"), ("dummy:tiny", "int8"), ("dummy:tiny+int8", "int8")]
+    assert len({c.cell_id for c in cells}) == 3
+    assert cells[2].engine_args().quantization == "int8"
+    with pytest.raises(ScenarioError, match="used twice"):
+        _scenario(tmp_path, """
+            models: ["dummy:tiny", {name: "dummy:tiny", quantization: int8}]
+            engine: {kv_memory: 64 tokens, block_size: 4}
+            workloads:
+              - {name: w, kind: synthetic, num_requests: 2, prompt_len: 8, output_len: 2}
+              - {name: w, kind: synthetic, num_requests: 2, prompt_len: 8, output_len: 2,
+                 models: ["dummy:tiny+int8"]}
+            """)
+    with pytest.raises(ScenarioError, match=r"'w4' is not one of int8, w8a8, int4"):
+        _scenario(tmp_path, """
+            models: [{name: "dummy:tiny", quantization: w4}]
+            workloads: [{name: w, kind: synthetic, num_requests: 1}]
+            """)

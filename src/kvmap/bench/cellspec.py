@@ -30,6 +30,11 @@ class ModelEntry:
     quantization: str | None = None  # weights: None | int8 | w8a8 | int4 (model/wquant.py)
 
     @property
+    def label(self) -> str:
+        """How workloads and tasks name this entry: ``smollm2``, ``smollm2+w8a8``."""
+        return f"{self.name}+{self.quantization}" if self.quantization else self.name
+
+    @property
     def is_dummy(self) -> bool:
         """Random weights: speed and memory only, its accuracy is not applicable."""
         return self.name.lower().startswith(DUMMY_PREFIX)
@@ -62,6 +67,8 @@ class TaskEntry:
     name: str
     task: str
     params: dict = field(default_factory=dict)
+    kv: tuple[str, ...] | None = None          # its own KV list (else the scenario's)
+    models: tuple[str, ...] | None = None      # model labels it runs on (else all)
 
     @property
     def is_accuracy_task(self) -> bool:
@@ -142,8 +149,8 @@ class Scenario:
     def all_kv(self) -> list[str]:
         """The scenario's KV specs, then those only some workloads name, in order."""
         specs = list(self.kv)
-        for w in self.workloads:
-            specs += [s for s in (w.kv or ()) if s not in specs]
+        for job in (*self.workloads, *self.tasks):
+            specs += [s for s in (job.kv or ()) if s not in specs]
         return specs
 
     def cells(self) -> list[CellSpec]:
@@ -155,14 +162,15 @@ class Scenario:
             for kv in self.all_kv():
                 for w in self.workloads:
                     if kv not in (w.kv or self.kv) or (w.models is not None
-                                                       and model.name not in w.models):
+                                                       and model.label not in w.models):
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)
                     cells.append(self._cell(model, kv, engine, workload=w, slo=self.slo))
-                if kv not in self.kv:
-                    continue
                 for t in self.tasks:
+                    if kv not in (t.kv or self.kv) or (t.models is not None
+                                                       and model.label not in t.models):
+                        continue
                     if not (model.is_dummy and t.is_accuracy_task):
                         cells.append(self._cell(model, kv, self.engine, task=t))
         return cells
@@ -190,7 +198,7 @@ def _cell_id(cell: CellSpec) -> str:
     data = redact_obj({k: v for k, v in cell.to_dict().items()
                        if k not in ("cell_id", "timeout_s", "memory_limit_bytes")})
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
-    model = Path(cell.model.name).stem if "/" in cell.model.name else cell.model.name
+    model = Path(cell.model.label).stem if "/" in cell.model.name else cell.model.label
     slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-",
                   redact_spec(f"{model}_{cell.job}_{cell.kv}")).strip("-")
     return f"{slug[:80]}_{digest}"

@@ -28,7 +28,7 @@ def check_models(models: list[ModelEntry], kv: list[str], engine: EngineArgs,
             _check_geometry(model, config, kv, workloads, engine, problems)
         budget_checked: set[str] = set()          # one report per workload, not per level
         for w in workloads:
-            if w.models is not None and model.name not in w.models:
+            if w.models is not None and model.label not in w.models:
                 continue
             longest = longest_prompt_tokens(w.spec(seed))
             if longest >= context:

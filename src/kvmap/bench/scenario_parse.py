@@ -25,7 +25,7 @@ ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_token
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
 BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
-TASK_KEYS = {"name", "task", "params"}
+TASK_KEYS = {"name", "task", "params", "kv", "models"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
 
@@ -70,8 +70,9 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
     workloads = _parse_workloads(data.get("workloads") or [], problems, notes, skip,
                                  base_dir, seed)
-    workloads = _check_workload_models(workloads, models, problems)
-    tasks = _parse_tasks(data.get("tasks") or [], problems, notes, skip, base_dir)
+    workloads = _check_job_models(workloads, models, "workloads", problems)
+    tasks = _check_job_models(_parse_tasks(data.get("tasks") or [], problems, notes, skip,
+                                           base_dir), models, "tasks", problems)
     slo = _parse_slo(data.get("slo"), problems)
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
@@ -224,7 +225,7 @@ def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set
     if not isinstance(raw, list):
         problems.add(section, f"{raw!r} must be a list of {section}")
         return
-    names: set[str] = set()
+    names: dict[str, list] = {}         # name -> the models of each entry so named
     for i, item in enumerate(raw):
         where = f"{section}[{i}]"
         if isinstance(item, str):
@@ -236,10 +237,16 @@ def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set
         name = item["name"].strip()
         where = f"{section}[{i}] ({name})"
         _unknown_keys(item, keys, where, problems)
-        if name in names:
-            problems.add(where, f"{noun} name {name!r} is used twice")
+        # one name twice only for disjoint models (the same job on another model entry,
+        # e.g. quantized weights): the cells differ by model, the report draws them as one
+        models = item.get("models")
+        mine = set(models) if isinstance(models, list) else None
+        if name in names and (mine is None or any(m is None or m & mine
+                                                  for m in names[name])):
+            problems.add(where, f"{noun} name {name!r} is used twice (allowed only for "
+                                "entries whose 'models' lists do not overlap)")
             continue
-        names.add(name)
+        names.setdefault(name, []).append(mine)
         yield name, item, where
 
 
@@ -273,8 +280,7 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         options = {k: v for k, v in item.items() if k in WORKLOAD_KEYS and k != "name"}
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
-        models = item.get("models")
-        models = tuple(models) if isinstance(models, list) else models
+        models = _as_tuple(item.get("models"))
         kv_memory = item.get("kv_memory")
         if kv_memory is not None:
             try:
@@ -296,18 +302,19 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
     return entries
 
 
-def _check_workload_models(workloads: list[WorkloadEntry], models: list[ModelEntry],
-                           problems: Problems) -> list[WorkloadEntry]:
-    """A workload's ``models`` must be a list of the scenario's model names."""
-    names, kept = [m.name for m in models], []
-    for w in workloads:
-        if w.models is not None and (not isinstance(w.models, tuple) or not w.models or
-                                     any(n not in names for n in w.models)):
-            problems.add(f"workloads ({w.name}).models",
-                         f"{list(w.models) if isinstance(w.models, tuple) else w.models!r} "
-                         f"must be a non-empty list of the scenario's models {names}")
+def _check_job_models(jobs: list, models: list[ModelEntry], section: str,
+                      problems: Problems) -> list:
+    """A workload's or task's ``models`` must be a list of the scenario's model labels
+    (``name``, or ``name+quantization`` for an entry with quantized weights)."""
+    names, kept = [m.label for m in models], []
+    for job in jobs:
+        if job.models is not None and (not isinstance(job.models, tuple) or not job.models
+                                       or any(n not in names for n in job.models)):
+            problems.add(f"{section} ({job.name}).models",
+                         f"{list(job.models) if isinstance(job.models, tuple) else job.models!r}"
+                         f" must be a non-empty list of the scenario's models {names}")
             continue
-        kept.append(w)
+        kept.append(job)
     return kept
 
 
@@ -340,8 +347,14 @@ def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
         except ValueError as e:
             problems.add(where, str(e))
             continue
-        entries.append(TaskEntry(name, task, dict(params)))
+        kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
+            if "kv" in item else None
+        entries.append(TaskEntry(name, task, dict(params), kv, _as_tuple(item.get("models"))))
     return entries
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _parse_slo(raw: Any, problems: Problems) -> dict | None:
