@@ -26,4 +26,4 @@ def test_snapkv_default_kernel_keeps_the_whole_key():
 def test_snapkv_kernel_7_cuts_the_key_short():
     sample = answer("snapkv(budget=0.25,kernel=7)")
     assert not sample["correct"], sample
-    assert sample["output"].strip()[:2] == sample["key"][:2], sample   # starts right
+    assert sample["output"].strip()[:2] == sample["expected"][:2], sample   # starts right

@@ -73,4 +73,6 @@ def test_ttft_agrees_with_the_server_histogram(kvmap_serve, tmp_path):
     for c in cells:
         agreement = c["metrics"]["ttft_vs_server"]
         assert c["metrics"]["num_completed"] == 5
-        assert abs(agreement["ratio"] - 1) <= 0.10, (c["params"]["level"], agreement)
+        # the client's clock encloses the server's: a positive offset, bounded by the HTTP
+        # path (how close the two agree is a timing figure: benchmarks/serve_load.py)
+        assert 0 < agreement["offset_s"] < 0.5, (c["params"]["level"], agreement)
