@@ -38,19 +38,6 @@ def make_llm(cell: CellSpec, kv: str | None = None):
     return LLM(args=cell.engine_args(kv))
 
 
-class ByteTokenizer:
-    """For models without a tokenizer (``dummy:*``): one token per UTF-8 byte, mod vocab."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return [b % self.vocab_size for b in text.encode("utf-8")]
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
-
-
 def kv_info(llm, cell: CellSpec) -> dict:
     from kvmap.config import parse_kv_memory
     kv = llm.engine.kv
@@ -70,13 +57,14 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     from kvmap.bench.workload_metrics import (load_metrics, prefix_metrics, request_rows,
                                               throughput_windows, tier_metrics)
     from kvmap.bench.timeseries import TimeSeriesSampler
+    from kvmap.model.byte_tokenizer import ByteTokenizer
     from kvmap.evals.ppl import track_peak_kv_bytes
     from kvmap.metrics import aggregate
     from kvmap.workloads import build_requests
     t_load = time.perf_counter()
     llm = make_llm(cell)
     load_s = time.perf_counter() - t_load
-    tokenizer = llm.tokenizer or ByteTokenizer(llm.model_config.vocab_size)
+    tokenizer = llm.tokenizer or ByteTokenizer.for_model(llm.model_config)
     spec = cell.workload.spec(cell.seed)
     requests = build_requests(spec, tokenizer)
     prompt_ids = [tokenizer.encode(r.prompt) if llm.tokenizer is None else llm.encode(r.prompt)

@@ -81,8 +81,8 @@ class PolicyRunner:
         acc = req.policy_acc or [None] * self.num_layers
         for layer in range(self.num_layers):
             stats = meta.scores[layer]
-            new = (stats["decode"][where, :, :req.num_kv_slots] if is_decode
-                   else stats["accumulated"][where])                      # (H, L_now)
+            new = (stats.decode[where, :, :req.num_kv_slots] if is_decode
+                   else stats.accumulated[where])                         # (H, L_now)
             old = acc[layer]
             if old is not None:
                 new = new.clone()
@@ -102,8 +102,8 @@ class PolicyRunner:
             window = None
             if self.policy.needs_window_attention:
                 stats = meta.scores[layer]
-                window = (stats["decode"][where, :, None, :L] if is_decode
-                          else stats["window"].get(where))
+                window = (stats.decode[where, :, None, :L] if is_decode
+                          else stats.window.get(where))
             layer_acc = acc[layer] if acc else None
             if layer in holes:                    # score only the slots the layer holds
                 first, end = holes[layer]

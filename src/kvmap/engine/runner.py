@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.kv.cache import PagedKVCache
-from kvmap.model.attention import AttentionMetadata, PrefillSegment
+from kvmap.model.attention import AttentionMetadata, LayerHoles, PrefillSegment
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request
 
@@ -54,7 +54,7 @@ class ModelRunner:
         sampled: list[Request] = []
         pager = self.kv.tiers.pager if self.kv.tiers is not None else None
         offloaded_decode, offloaded_prefill = {}, {}
-        hidden: dict = {}      # a selection policy's per-layer holes (AttentionMetadata.hidden)
+        holes: dict = {}       # layer -> LayerHoles: a selection policy's per-layer holes
         for req, n in items:
             ctx = pager.context(req) if pager is not None else None
             start = len(input_ids)
@@ -79,7 +79,7 @@ class ModelRunner:
                     torch.tensor(req.block_ids[:nb], dtype=torch.long, device=self.device),
                     num_kv_after, completes_prompt=c + n == req.num_tokens))
             for layer, hole in ((req.kv_holes if req.evicted else None) or {}).items():
-                hidden.setdefault(layer, {"decode": {}, "prefill": {}})[row[0]][row[1]] = hole
+                getattr(holes.setdefault(layer, LayerHoles()), row[0])[row[1]] = hole
             if c + n == req.num_tokens:          # the chunk reaches the end: sample
                 sample_rows.append(start + n - 1)
                 sampled.append(req)
@@ -88,7 +88,7 @@ class ModelRunner:
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
             prefills, bs, dev, self.model.dtype)
         meta.offloaded_decode, meta.offloaded_prefill = offloaded_decode, offloaded_prefill
-        meta.hidden = hidden
+        meta.holes = holes
         if policy is not None and (policy.needs_window_attention
                                    or policy.needs_accumulated_attention):
             meta.want_scores = True

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from kvmap.metrics.requests import (
     PER_REQUEST_SLO_KEYS, SUMMARY_PERCENTILES, RequestStats, aggregate, meets_slo,
-    normalize_slo, parse_slo, percentile, request_stats, summarize)
+    normalize_slo, parse_slo, percentile, request_stats, split_slo_key, summarize)
 
 __all__ = ["PER_REQUEST_SLO_KEYS", "SUMMARY_PERCENTILES", "RequestStats", "aggregate",
            "meets_slo", "normalize_slo", "parse_slo", "percentile", "request_stats",
-           "summarize"]
+           "split_slo_key", "summarize"]

@@ -178,7 +178,7 @@ def _violations(values: Mapping[str, list[float]], slo: Mapping[str, float]
     """Aggregate keys of ``slo`` that are missed -> the measured value (None: no data)."""
     missed = {}
     for key, limit_s in slo.items():
-        metric, stat = _split_key(key)
+        metric, stat = split_slo_key(key)
         if stat is None:
             continue
         vals = values[metric]
@@ -195,7 +195,7 @@ def _violations(values: Mapping[str, list[float]], slo: Mapping[str, float]
     return missed
 
 
-def _split_key(key: str) -> tuple[str, str | None]:
+def split_slo_key(key: str) -> tuple[str, str | None]:
     """``"ttft_p99_s"`` -> ``("ttft", "p99")``; ``"e2el"`` -> ``("e2e", None)``."""
     m = _SLO_KEY.fullmatch(key.strip().lower())
     metric = _ALIASES.get(m.group(1), m.group(1)) if m else None
@@ -215,7 +215,7 @@ def normalize_slo(slo: Mapping[str, float]) -> dict[str, float]:
     """Validate ``{key: seconds}`` and spell keys canonically (``"itl_p99"`` -> ``"tbt_p99_s"``)."""
     normalized: dict[str, float] = {}
     for key, limit_s in slo.items():
-        metric, stat = _split_key(str(key))
+        metric, stat = split_slo_key(str(key))
         name = f"{metric}_{stat}_s" if stat else f"{metric}_s"
         if not isinstance(limit_s, (int, float)) or isinstance(limit_s, bool) \
                 or not limit_s > 0 or limit_s == float("inf"):

@@ -51,25 +51,42 @@ class PrefillSegment:
 
 
 @dataclass
+class LayerScores:
+    """One layer's attention statistics for a selection policy, summed over the query
+    heads of each KV head, fp32."""
+
+    decode: torch.Tensor | None = None     # (B, H, L) the decode queries' attention
+    window: dict[int, torch.Tensor] = field(default_factory=dict)       # prefill i ->
+    #                                        (H, W, L_i) its last W queries' attention
+    accumulated: dict[int, torch.Tensor] = field(default_factory=dict)  # prefill i ->
+    #                                        (H, L_i) attention its chunk gave each slot
+
+
+@dataclass
+class LayerHoles:
+    """One layer's emptied slot range ``(first, end)`` per decode row and per prefill
+    segment: what a per-layer budget left there, masked out of attention."""
+
+    decode: dict[int, tuple[int, int]] = field(default_factory=dict)
+    prefill: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass
 class AttentionMetadata:
     slot_ids: torch.Tensor                   # (T,) where each new token's K/V is written
     num_decode: int = 0
     decode_block_ids: torch.Tensor | None = None   # (B, nb) padded block tables
     decode_mask: torch.Tensor | None = None        # (1, B, 1, nb*bs) additive, 0 or -inf
     prefills: list[PrefillSegment] = field(default_factory=list)
-    # Attention statistics for a selection policy (kvmap.kv.policies), per layer:
-    #   scores[layer]["decode"]          (B, H, L) fp32, the decode queries' attention
-    #   scores[layer]["window"][i]       (H, W, L_i) fp32, last W queries of prefill i
-    #   scores[layer]["accumulated"][i]  (H, L_i) fp32, attention received from chunk i
-    # (summed over the query heads of each KV head). Every prefill segment gets a
-    # window: a chunked policy compresses after each chunk (W x L, cheap next to C x L).
+    # attention statistics a selection policy asked for (kvmap.kv.policies): layer ->
+    # LayerScores. Every prefill segment gets a window: a chunked policy compresses after
+    # each chunk (W x L, cheap next to C x L).
     want_scores: bool = False
     observation_window: int = 1
     accumulate: bool = False
-    scores: dict = field(default_factory=dict)
-    # slots a selection policy left empty in a layer (per-layer budgets): layer ->
-    # {"decode": {row: (first, end)}, "prefill": {segment: (first, end)}}, masked out
-    hidden: dict = field(default_factory=dict)
+    scores: dict[int, LayerScores] = field(default_factory=dict)
+    # slots a selection policy left empty in a layer (per-layer budgets), masked out
+    holes: dict[int, LayerHoles] = field(default_factory=dict)
     # paged sequences: decode row / prefill segment index -> OffloadedContext
     offloaded_decode: dict = field(default_factory=dict)
     offloaded_prefill: dict = field(default_factory=dict)
@@ -111,12 +128,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         C = seg.end - seg.start
         qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         acc = None
-        hole = meta.hidden.get(layer_idx, {}).get("prefill", {}).get(i)
+        hole = meta.holes[layer_idx].prefill.get(i) if layer_idx in meta.holes else None
         if meta.want_scores:
-            stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
+            stats = meta.scores.setdefault(layer_idx, LayerScores())
             if meta.accumulate:
-                acc = stats["accumulated"][i] = torch.zeros(num_kv_heads, L, device=q.device)
-            stats["window"][i] = _window_attention(qs, kc, meta.observation_window, hole)
+                acc = stats.accumulated[i] = torch.zeros(num_kv_heads, L, device=q.device)
+            stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole)
         ctx = meta.offloaded_prefill.get(i)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
                if ctx is not None else None)
@@ -135,7 +152,7 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     B = meta.num_decode
     _, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
-    holes = meta.hidden.get(layer_idx, {}).get("decode", {})
+    holes = meta.holes[layer_idx].decode if layer_idx in meta.holes else {}
     if not meta.offloaded_decode and fused_decode.usable(q.device):
         mask = meta.decode_mask[0, :, 0, :].float()                       # (B, L)
         if holes:
@@ -147,8 +164,7 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
         if fused is not None:
             out[:B], probs = fused
             if meta.want_scores:
-                stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
-                stats["decode"] = probs
+                meta.scores.setdefault(layer_idx, LayerScores()).decode = probs
             return
     # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
     kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads)
@@ -164,8 +180,8 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     else:
         probs = torch.softmax(scores, dim=-1)
     if meta.want_scores:
-        stats = meta.scores.setdefault(layer_idx, {"window": {}, "accumulated": {}})
-        stats["decode"] = probs.float().sum(2).transpose(0, 1)        # (B, H, L)
+        meta.scores.setdefault(layer_idx, LayerScores()).decode = \
+            probs.float().sum(2).transpose(0, 1)                      # (B, H, L)
     o = kv.values(probs.view(num_kv_heads * B, group, -1))            # (H*B, G, D)
     out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
         B, num_heads * head_dim)

@@ -7,22 +7,27 @@ left out.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import numpy as np
 
-_SLO_KEY = re.compile(r"(ttft|tbt|tpot|e2e|queue)(?:_(mean|max|p\d+(?:\.\d+)?))?_s")
+from kvmap.metrics import split_slo_key
+
 BARE_KEY_PERCENTILE = 99.0
 
 
 def split_key(key: str) -> tuple[str, str | None]:
-    """``"ttft_p99_s"`` -> ``("ttft", "p99")``, ``"tpot_s"`` -> ``("tpot", None)``."""
-    m = _SLO_KEY.fullmatch(key)
-    if not m:
+    """``"ttft_p99_s"`` -> ``("ttft", "p99")``, ``"tpot_s"`` -> ``("tpot", None)``: a
+    normalized key (``kvmap.metrics.normalize_slo``), split by the metrics' own rule."""
+    try:
+        metric, stat = split_slo_key(key)
+    except ValueError:
+        metric = None
+    if metric is None or key != key.strip().lower() or not key.endswith("_s") \
+            or key.startswith(("itl", "e2el")):
         raise ValueError(f"SLO key {key!r} is not normalized (e.g. 'ttft_p99_s'); "
                          "parse it with kvmap.metrics.parse_slo")
-    return m.group(1), m.group(2)
+    return metric, stat
 
 
 def gaps(row: dict) -> list[float]:
