@@ -196,3 +196,17 @@ def test_after_a_swap_within_the_noise_nothing_is_called_the_best():
     assert rec.choice == "bf16" and rec.leader == "int8" and rec.binding is None
     assert "No constraint binds." in rec.lines()
     assert not any("is the best on" in line for line in rec.lines())
+
+
+def test_a_random_weight_model_is_never_the_recommendation(configs):
+    # faster than everything and no accuracy to check: a dummy-weight model's point is for
+    # speed and memory only, not a deployment choice beside measured models
+    dummy = config("dummy:llama-3-8b: bf16", 500.0, 10, 50, None)
+    dummy.accuracy_na = True
+    rec = recommend([*configs, dummy], Constraints(SLO, max_accuracy_drop_pct=1.0),
+                    "throughput")
+    assert rec.choice == "int8"
+    assert any("dummy:llama-3-8b: bf16: random weights" in n for n in rec.notes)
+    alone = recommend([dummy], Constraints(SLO), "throughput")   # nothing else: it may win
+    assert alone.choice == "dummy:llama-3-8b: bf16"
+

@@ -203,7 +203,8 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
         for c in group:
             if c.get("task"):
                 s.tasks[c["task"]] = task_result(c, baselines.get((model, c["task"])), seed)
-            elif c["status"] == "ok" and cell_metric(c, "needle_accuracy") is not None:
+            elif c["status"] == "ok" and cell_metric(c, "needle_accuracy") is not None \
+                    and not s.accuracy_na:       # random weights answer nothing
                 base = base_workloads.get((model, *_level_key(c)))
                 label = f"{c['workload']} (needle)"
                 s.tasks[label] = needle_result(

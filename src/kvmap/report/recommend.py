@@ -323,6 +323,13 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
     for c in configs:
         if c not in usable:
             notes.append(f"{c.name}: every cell failed; not considered")
+    if any(not c.accuracy_na for c in usable):
+        # a random-weight model (speed and memory only) is no deployment choice beside
+        # models whose accuracy was measured
+        for c in [c for c in usable if c.accuracy_na]:
+            usable.remove(c)
+            notes.append(f"{c.name}: random weights (accuracy n/a), speed and memory "
+                         "only; not a candidate")
     if constraints.max_accuracy_drop_pct is not None and not any(
             c.accuracy_drop_pct is not None for c in usable):
         dropped.add("accuracy_drop")
