@@ -18,7 +18,7 @@ SESSIONS = (16, 32, 64, 128, 256, 512)
 
 def engine_sweep(model: str, num_requests: int, max_tokens: int) -> list[dict]:
     from kvmap import LLM
-    from kvmap.bench.cell import drive
+    from kvmap.bench.drive import drive
     from kvmap.bench.timeseries import TimeSeriesSampler
     from kvmap.workloads.spec import WorkloadRequest
     out = []
