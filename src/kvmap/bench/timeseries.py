@@ -21,13 +21,20 @@ from kvmap.kv.fragmentation import internal_waste
 PERIOD_S = 0.1
 
 
+def kv_waste(engine):
+    """Internal waste of the running sequences now (``kvmap.kv.fragmentation.Waste``)."""
+    kv, bs = engine.kv, engine.kv.block_size
+    # clamped: a request being preempted may have lost its blocks but not yet its count
+    held = [(n, min(r.num_kv_slots, n * bs)) for r in list(engine.scheduler.running)
+            for n in [len(r.block_ids)]]
+    return internal_waste(held, bs, kv.bytes_per_block)
+
+
 def snapshot(engine) -> dict:
     """The engine's state now, flat: queues, KV bytes per tier, tier IO, waste."""
     kv, sched = engine.kv, engine.scheduler
-    running, bs = list(sched.running), kv.block_size
-    # clamped: a request being preempted may have lost its blocks but not yet its count
-    held = [(n, min(r.num_kv_slots, n * bs)) for r in running for n in [len(r.block_ids)]]
-    waste = internal_waste(held, bs, kv.bytes_per_block)
+    running = list(sched.running)
+    waste = kv_waste(engine)
     out = {"num_running": len(running), "num_waiting": len(sched.waiting),
            "kv_resident_bytes_device": kv.pool.num_used * kv.bytes_per_block,
            "kv_waste_bytes": waste.waste_bytes, "kv_waste_share": waste.share}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmap.bench.timeseries import kv_waste
 from kvmap.engine.engine import Engine
 
 
@@ -34,6 +35,7 @@ class EngineState:
     prefix_cache_hits: int               # in blocks
     num_evicted_tokens: int
     tiers: dict[str, TierCounters] = field(default_factory=dict)
+    waste_bytes: int = 0                 # allocated slots holding no token
 
 
 def engine_state(engine: Engine) -> EngineState:
@@ -55,7 +57,7 @@ def engine_state(engine: Engine) -> EngineState:
         usage=pool.usage(), num_preemptions=engine.scheduler.num_preemptions,
         prefix_cache_queries=pool.num_prefix_queries, prefix_cache_hits=pool.num_prefix_hits,
         num_evicted_tokens=runner.num_evicted_tokens if runner is not None else 0,
-        tiers=tiers)
+        tiers=tiers, waste_bytes=kv_waste(engine).waste_bytes)
 
 
 def tier_windows(engine: Engine) -> dict[str, object]:

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvmap.metrics import percentile
 from kvmap.server.engine_state import engine_state, tier_windows
-from kvmap.bench.timeseries import proc_io, snapshot
+from kvmap.bench.timeseries import proc_io
 
 # vLLM v1 (vllm/v1/metrics/loggers.py) bucket boundaries, seconds
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -250,7 +250,7 @@ class ServerMetrics:
         engine thread only) and hands the tier latency windows to the scrape-time
         percentile collector. ``num_waiting``: requests not yet scheduled, queue
         included."""
-        running = resident = capacity = 0
+        running = resident = capacity = waste = 0
         usage_of_active = 0.0
         tiers: dict[str, list[int]] = {}
         windows: dict[str, list] = {}
@@ -260,6 +260,7 @@ class ServerMetrics:
             running += u.num_running
             resident += u.resident_bytes
             capacity += u.capacity_bytes
+            waste += u.waste_bytes
             if i == 0:
                 usage_of_active = u.usage
             block = engine.kv.block_size
@@ -283,7 +284,7 @@ class ServerMetrics:
                               self.tier_bytes_written.labels(*lv))
             for tier, window in tier_windows(engine).items():
                 windows.setdefault(tier, []).append(window)
-        self.waste_bytes.set(sum(snapshot(e)["kv_waste_bytes"] for e in engines))
+        self.waste_bytes.set(waste)
         self.num_running.set(running)
         self.num_waiting.set(num_waiting)
         self.kv_usage.set(usage_of_active)
