@@ -44,8 +44,9 @@ class ModelEntry:
 class WorkloadEntry:
     """One load level of a named workload: ``options`` are the validated YAML keys of
     that level (paths made absolute); ``load`` the level (``Load.to_dict``) when the
-    workload is a sweep; ``kv``, ``kv_memory`` and ``models`` the workload's own KV list,
-    pool budget and models when it names them (else the scenario's).
+    workload is a sweep; ``kv``, ``kv_memory``, ``models`` and ``slo`` the workload's own
+    KV list, pool budget, models and SLA when it names them (else the scenario's: a
+    scenario of two deployments gives each its own SLA).
 
     ``spec(seed)`` rebuilds the ``WorkloadSpec`` (in the cell's process too)."""
 
@@ -55,6 +56,7 @@ class WorkloadEntry:
     kv: tuple[str, ...] | None = None
     kv_memory: str | int | None = None
     models: tuple[str, ...] | None = None      # the scenario's models this one runs on
+    slo: dict | None = None                    # its own SLA (normalized keys, seconds)
 
     def spec(self, seed: int = 0):
         return workload_spec(self.name, self.options, seed)
@@ -166,7 +168,8 @@ class Scenario:
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)
-                    cells.append(self._cell(model, kv, engine, workload=w, slo=self.slo))
+                    cells.append(self._cell(model, kv, engine, workload=w,
+                                            slo=w.slo or self.slo))
                 for t in self.tasks:
                     if kv not in (t.kv or self.kv) or (t.models is not None
                                                        and model.label not in t.models):

@@ -24,7 +24,7 @@ MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
-BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "slo"}
 TASK_KEYS = {"name", "task", "params", "kv", "models"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
@@ -288,6 +288,7 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             except ValueError as e:
                 problems.add(f"{where}.kv_memory", str(e))
                 continue
+        slo = _parse_slo(item.get("slo"), problems, f"{where}.slo")
         if not _resolve_files(options, where, base_dir, problems):
             continue
         try:
@@ -298,7 +299,7 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             problems.add(where, str(e))
             continue
         entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
-                                  kv_memory, models) for level, load in levels]
+                                  kv_memory, models, slo) for level, load in levels]
     return entries
 
 
@@ -357,7 +358,8 @@ def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _parse_slo(raw: Any, problems: Problems) -> dict | None:
+def _parse_slo(raw: Any, problems: Problems, where: str = "slo") -> dict | None:
+    """The scenario's SLA, or a workload's own (``where`` names it in a problem)."""
     if raw is None:
         return None
     try:
@@ -376,5 +378,5 @@ def _parse_slo(raw: Any, problems: Problems) -> dict | None:
         raise ValueError(f"{raw!r} must be a string like 'ttft_p99=2s,tbt_p99=150ms' or a "
                          "mapping")
     except ValueError as e:
-        problems.add("slo", str(e))
+        problems.add(where, str(e))
         return None

@@ -4,11 +4,12 @@ budget, the scenario's KV pool as the memory budget of the checklist).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvmap.config import parse_size
 from kvmap.report.checklist import CheckItem, checklist
 from kvmap.report.configs import ConfigSummary, summarize
+from kvmap.report.deployments import Deployment, deployments
 from kvmap.report.loader import Run
 from kvmap.report.recommend import Constraints, Recommendation, recommend
 
@@ -23,6 +24,13 @@ class Analysis:
     recommendation: Recommendation
     checklist: dict[str, list[CheckItem]]
     budget_bytes: int | None                 # the checklist's KV memory budget
+    deployments: list[Deployment] = field(default_factory=list)   # one per workload
+
+
+    def slo_of(self, workload: str) -> dict:
+        """The SLA ``workload`` is held to (its deployment's, else the run's)."""
+        return next((d.slo for d in self.deployments if d.workload == workload),
+                    self.constraints.slo)
 
 
 def default_constraints(run: Run) -> Constraints:
@@ -30,11 +38,22 @@ def default_constraints(run: Run) -> Constraints:
 
 
 def analyze(run: Run, constraints: Constraints | None = None,
-            objective: str = "throughput") -> Analysis:
+            objective: str = "throughput", per_workload_slo: bool = True) -> Analysis:
+    """``per_workload_slo``: hold each deployment to its workload's own SLA (False when
+    the user gave one ``--slo`` for all). When workloads carry their own SLA, the run's
+    recommendation is its primary deployment's (the workload with the most requests)."""
     constraints = constraints or default_constraints(run)
-    configs = summarize(run.cells, run.rows_by_cell, constraints.slo,
-                        seed=run.metadata.get("seed") or 0)
-    rec = recommend(configs, constraints, objective)
+    seed = run.metadata.get("seed") or 0
+    configs = summarize(run.cells, run.rows_by_cell, constraints.slo, seed=seed)
+    workload_slo = run.workload_slo if per_workload_slo else None
+    deps = deployments(run.cells, run.rows_by_cell, constraints, objective, workload_slo,
+                       run.slo, seed=seed)
+    primary = next((d for d in deps if configs and d.workload == configs[0].primary_workload),
+                   None)
+    if primary is not None and workload_slo:
+        rec = primary.recommendation
+    else:
+        rec = recommend(configs, constraints, objective)
     budget = constraints.kv_budget_bytes
     if budget is None and run.kv_memory:
         try:
@@ -42,4 +61,4 @@ def analyze(run: Run, constraints: Constraints | None = None,
         except ValueError:
             budget = None
     return Analysis(run, configs, constraints, rec, checklist(configs, constraints, budget),
-                    budget)
+                    budget, deps)

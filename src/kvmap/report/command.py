@@ -6,7 +6,10 @@
                  [--kv-budget 256MiB] [--objective throughput|memory|latency] [--json]
 
 Both read the run directory of a ``kvmap bench`` run and nothing else. Without ``--slo``
-the scenario's own SLA is used; without ``--max-accuracy-drop``, 1%. ``report`` writes
+the scenario's own SLA is used, and a workload that gives its own SLA is held to it (a
+run of several workloads gets one recommendation per workload, ``deployments``; the
+headline is the primary workload's); ``--slo`` holds every workload to one SLA. Without
+``--max-accuracy-drop``, 1%. ``report`` writes
 ``RUN_DIR/report.html`` (or ``--out``) and prints the trade-off summary, the
 recommendation and the checklist. ``recommend`` prints the answer and every
 configuration's constraint checks; it exits 1 when no configuration meets the
@@ -60,7 +63,7 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
             kv_budget_bytes=parse_size(kv_budget, "--kv-budget") if kv_budget else None)
         if constraints.kv_budget_bytes == 0:
             raise ValueError(f"--kv-budget={kv_budget!r} must be more than 0 bytes")
-        return analyze(run, constraints, objective)
+        return analyze(run, constraints, objective, per_workload_slo=slo is None)
     except ValueError as e:
         _fail(str(e))
 
@@ -102,7 +105,8 @@ def recommend(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Pick the sweet spot among the measured KV configurations for an SLA."""
-    from kvmap.report.terminal import checklist_table, constraint_table, recommendation_text
+    from kvmap.report.terminal import (checklist_table, constraint_table, deployments_text,
+                                       recommendation_text)
     analysis = _analysis(run_dir, slo, max_accuracy_drop, kv_budget, objective)
     rec = analysis.recommendation
     if as_json:
@@ -110,10 +114,17 @@ def recommend(
         typer.echo(json.dumps({**rec.to_dict(), "run_dir": str(run_dir),
                                "checklist": {n: [i.to_dict() for i in items]
                                              for n, items in analysis.checklist.items()},
-                               "checklist_for": name}, default=str))
+                               "checklist_for": name,
+                               "deployments": [{"workload": d.workload, "slo": d.slo,
+                                                "slo_source": d.slo_source,
+                                                "random_weights": d.random_weights,
+                                                **d.recommendation.to_dict()}
+                                               for d in analysis.deployments]},
+                              default=str))
     else:
         console = _console()
         console.print(recommendation_text(analysis))
+        console.print(deployments_text(analysis))
         console.print(constraint_table(analysis))
         console.print(checklist_table(analysis))
     if not rec.feasible:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmap.bench.summary import cell_metric
+from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import complexity, idle_parts, same_spec, throughput_ci, without
@@ -55,7 +56,7 @@ class ConfigSummary:
     tbt_p99_s: float | None = None
     tbt_p99_ci: tuple[float, float] | None = None
     accuracy_drop_pct: float | None = None
-    accuracy_na: bool = False          # the run has tasks, this model has none (dummy weights)
+    accuracy_na: bool = False          # dummy weights (or the run has tasks, this model none)
     capacity: L.Capacity | None = None                           # primary workload, swept
     curves: dict[str, list[L.LoadPoint]] = field(default_factory=dict)   # swept workloads
     levels: dict[str, list[tuple]] = field(default_factory=dict)  # swept: (label, metrics|None, rows)
@@ -166,15 +167,18 @@ def _link_bases(out: list[ConfigSummary]) -> None:
 
 
 def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
-              slo: dict[str, float] | None = None, seed: int = 0) -> list[ConfigSummary]:
-    """One summary per (model, weight quantization, kv), in scenario order."""
+              slo: dict[str, float] | None = None, seed: int = 0,
+              several_models: bool | None = None) -> list[ConfigSummary]:
+    """One summary per (model, weight quantization, kv), in scenario order; names carry
+    the model when the cells have several (or ``several_models`` says the run has)."""
     slo = slo or {}
     primary = primary_workload(cells)
     swept = L.swept_workloads(cells)
     groups: dict[tuple[str, str | None, str], list[dict]] = {}
     for c in cells:
         groups.setdefault((c["model"], c.get("quantization"), c["kv"]), []).append(c)
-    several_models = len({m for m, _, _ in groups}) > 1
+    if several_models is None:
+        several_models = len({m for m, _, _ in groups}) > 1
     # the baseline: the model's dtype as KV codec, on unquantized weights
     base_workloads = {(m, *_level_key(c)): c for (m, q, kv), cs in groups.items() for c in cs
                       if c.get("workload") and c["status"] == "ok" and kv == c.get("dtype")
@@ -193,7 +197,8 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
                           is_baseline=kv == dtype and quantization is None,
                           num_cells=len(group), num_failed=len(group) - len(ok),
                           primary_workload=primary, complexity=complexity(kv, dtype),
-                          accuracy_na=has_tasks and model not in models_with_tasks)
+                          accuracy_na=(has_tasks and model not in models_with_tasks)
+                          or model.lower().startswith(DUMMY_PREFIX))
         s.kv_bytes_per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
                                      if cell_metric(c, "kv_bytes_per_token")), None)
         peaks = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]

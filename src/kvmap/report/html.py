@@ -13,7 +13,7 @@ import jinja2
 from kvmap.report import interactive, plots
 from kvmap.report.analysis import Analysis
 from kvmap.report.intervals import METHOD
-from kvmap.report.recommend import fmt
+from kvmap.report.recommend import fmt, slo_text
 from kvmap.report.table import metric_rows, slug
 from kvmap.report.timeseries import timeseries_figures
 
@@ -59,8 +59,8 @@ def context(a: Analysis) -> dict:
     interactive_figures = {"map-interactive": interactive.tradeoff_figure(a.configs,
                                                                           rec.choice)}
     interactive_figures.update({f"load-{slug(w)}": interactive.load_figure(
-        a.configs, a.constraints.slo, w) for w in swept})
-    figures["loadcurves"] = [(slug(w), plots.load_curves(a.configs, a.constraints.slo, w))
+        a.configs, a.slo_of(w), w) for w in swept})
+    figures["loadcurves"] = [(slug(w), plots.load_curves(a.configs, a.slo_of(w), w))
                              for w in swept]
     constraints = [check.label for check in next(iter(rec.checks.values()), [])]
     return {
@@ -82,6 +82,11 @@ def context(a: Analysis) -> dict:
         "checklist_configs": names, "checklist_rows": checklist_rows,
         "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
         "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,
+        "deployments": [{"workload": d.workload, "slug": slug(d.workload),
+                         "slo_source": d.slo_source, "slo_text": slo_text(d.slo),
+                         "random_weights": d.random_weights,
+                         "feasible": d.recommendation.feasible,
+                         "lines": d.recommendation.lines()} for d in a.deployments],
     }
 
 

@@ -35,6 +35,16 @@ class Run:
         return dict(self.scenario.get("slo") or {})
 
     @property
+    def workload_slo(self) -> dict[str, dict[str, float]]:
+        """Workload name -> its own SLA, for the workloads that give one (a scenario of
+        several deployments: each is held to its own)."""
+        out: dict[str, dict[str, float]] = {}
+        for w in self.scenario.get("workloads") or ():
+            if isinstance(w, dict) and w.get("slo"):
+                out[w["name"]] = dict(w["slo"])
+        return out
+
+    @property
     def kv_memory(self) -> str | None:
         """The scenario's KV pool budget as written (e.g. ``"128MiB"``)."""
         return (self.scenario.get("engine") or {}).get("kv_memory")

@@ -173,6 +173,11 @@ def _slo_label(key: str) -> str:
     return f"{metric} {stat}"
 
 
+def slo_text(slo: dict) -> str:
+    """``{"ttft_p99_s": 10.0}`` -> ``"TTFT P99 <= 10.00 s"`` (empty for no SLA)."""
+    return ", ".join(f"{_slo_label(k)} <= {fmt(k, v)}" for k, v in slo.items())
+
+
 def check(config: ConfigSummary, constraints: Constraints,
           dropped: set[str] = frozenset()) -> list[ConstraintCheck]:
     """Every constraint against one configuration (``dropped``: names not checked)."""

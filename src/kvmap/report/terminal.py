@@ -68,6 +68,21 @@ def recommendation_text(a: Analysis) -> Text:
     return text
 
 
+def deployments_text(a: Analysis) -> Text:
+    """Each deployment's SLA and recommendation (empty for a one-workload run)."""
+    from kvmap.report.recommend import slo_text
+    text = Text()
+    for d in a.deployments:
+        rec = d.recommendation
+        dummy = " (random weights: speed and memory only)" if d.random_weights else ""
+        text.append(f"deployment {d.workload}{dummy}, SLA ({d.slo_source}): "
+                    f"{slo_text(d.slo) or 'none'}\n", style="bold")
+        for i, line in enumerate(rec.lines()):
+            style = ("green" if rec.feasible else "red") if i == 0 else ""
+            text.append("  " + line + "\n", style=style)
+    return text
+
+
 def checklist_table(a: Analysis, config: str | None = None) -> Table:
     """The checklist of ``config`` (default: the recommended one, else the closest miss)."""
     name = config or a.recommendation.choice or a.recommendation.closest_miss \
@@ -83,7 +98,8 @@ def checklist_table(a: Analysis, config: str | None = None) -> Table:
 
 
 def summary(a: Analysis) -> Group:
-    return Group(tradeoff_table(a), recommendation_text(a), checklist_table(a))
+    return Group(tradeoff_table(a), recommendation_text(a), deployments_text(a),
+                 checklist_table(a))
 
 
 def constraint_table(a: Analysis) -> Table:
