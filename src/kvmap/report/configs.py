@@ -81,6 +81,12 @@ class ConfigSummary:
         return (self.workloads.get(self.primary_workload) or {}).get(key)
 
     @property
+    def worst_task(self) -> TaskResult | None:
+        """The task that gives ``accuracy_drop_pct`` (its largest drop), with its interval."""
+        tasks = [t for t in self.tasks.values() if t.drop_pct is not None]
+        return max(tasks, key=lambda t: t.drop_pct) if tasks else None
+
+    @property
     def inflation(self):
         return next((t.inflation for t in self.tasks.values() if t.inflation), None)
 

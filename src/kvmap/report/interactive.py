@@ -69,11 +69,6 @@ def hover_text(c: ConfigSummary) -> str:
     return "<br>".join(lines)
 
 
-def _worst_task(c: ConfigSummary):
-    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
-    return max(tasks, key=lambda t: t.drop_pct) if tasks else None
-
-
 def _errors(values, cis) -> dict | None:
     if not any(ci is not None for ci in cis):
         return None
@@ -126,7 +121,7 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         "memory vs accuracy (lower-left is better)",
         f"speed vs tail latency on {wl} (upper-left is better)"))
-    worst = [_worst_task(c) for c in configs]
+    worst = [c.worst_task for c in configs]
     xs = [c.peak_kv_bytes / MIB if c.peak_kv_bytes is not None else None for c in configs]
     ys = [t.drop_pct if t else (0.0 if c.is_baseline and not c.accuracy_na else None)
           for c, t in zip(configs, worst)]

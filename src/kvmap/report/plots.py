@@ -35,12 +35,19 @@ def encode(fig: Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | None) -> None:
-    """One labelled point per configuration, the Pareto front drawn and labelled."""
+def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | None,
+                        xcis=None, ycis=None) -> None:
+    """One labelled point per configuration with its 95% intervals (``xcis``/``ycis``:
+    (low, high) or None per point) as error bars, the Pareto front drawn and labelled."""
     points = list(zip(xs, ys))
+    xcis, ycis = xcis or [None] * len(xs), ycis or [None] * len(xs)
     for i, (c, x, y) in enumerate(zip(configs, xs, ys)):
         if x is None or y is None:
             continue
+        xerr, yerr = _err(x, xcis[i]), _err(y, ycis[i])
+        if xerr is not None or yerr is not None:
+            ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="none", ecolor=color(i),
+                        elinewidth=1, capsize=3, alpha=0.7, zorder=2)
         star = c.name == choice
         ax.scatter([x], [y], s=220 if star else 60, marker="*" if star else "o",
                    color=color(i), zorder=3, edgecolor="black" if star else "none",
@@ -58,6 +65,13 @@ def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | Non
                     xytext=(-10, -14), fontsize=8, ha="right", style="italic")
 
 
+def _err(value: float, ci) -> list | None:
+    """A (low, high) interval as matplotlib's [[below], [above]] (None: no interval)."""
+    if ci is None or ci[0] is None or ci[1] is None:
+        return None
+    return [[max(0.0, value - ci[0])], [max(0.0, ci[1] - value)]]
+
+
 def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str:
     """Left: accuracy drop against peak resident KV bytes; right: throughput against P99
     time between tokens. Lower-left is better on the left, upper-left on the right."""
@@ -65,20 +79,24 @@ def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str
     left, right = fig.subplots(1, 2)
     xs = [c.peak_kv_bytes / MIB if c.peak_kv_bytes is not None else None for c in configs]
     ys = [c.accuracy_drop_pct if c.accuracy_drop_pct is not None
-          else (0.0 if c.is_baseline else None) for c in configs]
+          else (0.0 if c.is_baseline and not c.accuracy_na else None) for c in configs]
     if any(y is not None for y in ys):
-        _scatter_with_front(left, configs, xs, ys, True, choice)
+        drop_cis = [c.worst_task.drop_ci if c.worst_task else None for c in configs]
+        _scatter_with_front(left, configs, xs, ys, True, choice, ycis=drop_cis)
     else:
         left.text(0.5, 0.5, "no accuracy task in this run", ha="center",
                   transform=left.transAxes)
     left.set_xlabel("peak resident KV (MiB)")
-    left.set_ylabel("accuracy drop (%; worst task)")
+    left.set_ylabel("accuracy drop (%; worst task, 95% interval)")
     left.set_title("memory vs accuracy (lower-left is better)")
     left.axhline(0, color="grey", linewidth=0.5)
     xs = [c.tbt_p99_s * 1000 if c.tbt_p99_s is not None else None for c in configs]
     ys = [c.throughput_tok_s for c in configs]
     if any(x is not None and y is not None for x, y in zip(xs, ys)):
-        _scatter_with_front(right, configs, xs, ys, False, choice)
+        tbt_cis = [(c.tbt_p99_ci[0] * 1000, c.tbt_p99_ci[1] * 1000) if c.tbt_p99_ci else None
+                   for c in configs]
+        _scatter_with_front(right, configs, xs, ys, False, choice, tbt_cis,
+                            [c.throughput_ci for c in configs])
     else:
         right.text(0.5, 0.5, "no measured workload in this run", ha="center",
                    transform=right.transAxes)

@@ -270,9 +270,7 @@ def _costs(other: ConfigSummary, winner: ConfigSummary, objective: str,
 
 def _worst_ci(c: ConfigSummary) -> tuple[float, float] | None:
     """The interval of the task that gives ``accuracy_drop_pct`` (its worst drop)."""
-    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
-    worst = max(tasks, key=lambda t: t.drop_pct) if tasks else None
-    return worst.drop_ci if worst is not None else None
+    return c.worst_task.drop_ci if c.worst_task is not None else None
 
 
 def _pct(a: float, b: float) -> str:

@@ -49,10 +49,9 @@ def _drop(c) -> str:
     """The worst task's drop with its interval (``n/a`` for a model with no accuracy)."""
     if c.accuracy_na:
         return "n/a"
-    tasks = [t for t in c.tasks.values() if t.drop_pct is not None]
-    if not tasks:
+    t = c.worst_task
+    if t is None:
         return "-"
-    t = max(tasks, key=lambda t: t.drop_pct)
     ci = (f" [{t.drop_ci[0]:+.2f}, {t.drop_ci[1]:+.2f}]"
           if t.drop_ci and t.drop_ci[0] != t.drop_ci[1] else "")
     return f"{t.drop_pct:.2f}%{ci}"
