@@ -69,6 +69,9 @@ def speed_rows(cells, model, workload, load, base_kv, other_kv, quantization=Non
         "tbt_p99_s": [_tbt_p99(b), _tbt_p99(o)],
         "tbt_p99_ratio": _ratio(_tbt_p99(o), _tbt_p99(b)),
         "weight_bytes": [bm.get("weight_bytes"), om.get("weight_bytes")],
+        "needle_accuracy": ([None, None] if model.startswith("dummy:")    # random weights
+                            else [bm.get("needle_accuracy"), om.get("needle_accuracy")]),
+        "num_requests": [bm.get("num_requests"), om.get("num_requests")],
     }
 
 
@@ -95,6 +98,11 @@ def _fmt(x, pct=False):
     return f"{100 * x:.1f}%" if pct else f"{x:.2f}"
 
 
+def _needle(row: dict) -> str:
+    (a, b), (n, _) = row["needle_accuracy"], row["num_requests"]
+    return "-" if a is None or b is None else f"{_fmt(a, True)} -> {_fmt(b, True)} of {n}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir", type=Path)
@@ -112,11 +120,15 @@ def main() -> int:
         "s1_8b_int8": speed_rows(cells, m8, "s1-throughput-8b", "closed:16", "bf16", "int8"),
         "s2_snapkv_int8": speed_rows(cells, m, "s2-long-context", None, "bf16",
                                      "snapkv(budget=0.2)+int8"),
+        "s2_snapkv_int8_host": speed_rows(cells, m, "s2-long-context", None, "bf16",
+                                          "snapkv(budget=0.2)+int8+tiers(host=256MiB)"),
         "s2_host": speed_rows(cells, m, "s2-long-context", None, "bf16", "tiers(host=256MiB)"),
         "s2_8b_snapkv": speed_rows(cells, m8, "s2-long-context-8b", None, "bf16",
                                    "snapkv(budget=0.2)"),
         "accuracy_int8": accuracy_rows(cells, m, "bf16", "int8"),
         "accuracy_snapkv_int8": accuracy_rows(cells, m, "bf16", "snapkv(budget=0.2)+int8"),
+        "accuracy_snapkv_int8_host": accuracy_rows(cells, m, "bf16",
+                                                   "snapkv(budget=0.2)+int8+tiers(host=256MiB)"),
     }
     w8 = _task_cell(cells, m, "int8", "ppl", "w8a8")
     if w8 is not None:
@@ -124,8 +136,9 @@ def main() -> int:
                                         ("ppl_delta_rel", "ppl_delta_rel_ci95", "num_samples")}
     sha = (meta.get("git") or {}).get("sha")
     print(f"run {args.run_dir} ({len(cells)} ok cells, git {sha})\n")
-    print("| comparison | KV B/token | peak KV | max concurrent | throughput | P99 TBT |")
-    print("|---|---|---|---|---|---|")
+    print("| comparison | KV B/token | peak KV | max concurrent | throughput | P99 TBT "
+          "| needle (base -> this) |")
+    print("|---|---|---|---|---|---|---|")
     for key, row in result.items():
         if not key.startswith(("s1", "s2")):
             continue
@@ -138,8 +151,10 @@ def main() -> int:
               f"({_fmt(row['concurrency_max_ratio'])}x) "
               f"| {_fmt(row['output_tok_s'][0])} -> {_fmt(row['output_tok_s'][1])} tok/s "
               f"({_fmt(row['throughput_ratio'])}x) "
-              f"| {_fmt(row['tbt_p99_ratio'])}x |")
-    for key in ("accuracy_int8", "accuracy_snapkv_int8", "accuracy_w8a8_int8"):
+              f"| {_fmt(row['tbt_p99_ratio'])}x "
+              f"| {_needle(row)} |")
+    for key in ("accuracy_int8", "accuracy_snapkv_int8", "accuracy_snapkv_int8_host",
+                "accuracy_w8a8_int8"):
         print(f"\n{key}: {result.get(key)}")
     path = write_record("odcc_table", {"run_dir": str(args.run_dir),
                                        "run_git_sha": sha}, result)
