@@ -101,11 +101,12 @@ class SharedRedisTier(RedisTier):
         return data
 
     def put(self, key: Key, data: bytes) -> bool:
-        """Keys are content hashes: a block the namespace holds is not written again."""
+        """Keys are content hashes: a block the namespace holds is not written again,
+        and a key this process could not read is not overwritten (see ``_write``)."""
         if key in self._sizes:
             self.order.touch(key)
             return True
-        return super().put(key, data)
+        return False if key in self._refused else super().put(key, data)
 
     def _read(self, key: Key) -> bytes | None:
         pipe = self.client.pipeline(transaction=False)
@@ -121,11 +122,13 @@ class SharedRedisTier(RedisTier):
             raise
 
     def _write(self, key: Key, data: bytes) -> None:
-        pipe = self.client.pipeline(transaction=True)      # frame and entry together
+        """Frame and entry in one transaction, each only if absent: the first writer of
+        a block wins, so a peer given another key cannot replace the pool's frames."""
+        pipe = self.client.pipeline(transaction=True)
         pipe.set(self._rkey(key), seal(self._seal_auth, key_bytes(key), self.fingerprint,
-                                       data), ex=self.key_ttl_s)
+                                       data), ex=self.key_ttl_s, nx=True)
         pipe.set(self._ikey(key), index_entry(self.fingerprint, len(data)),
-                 ex=self.key_ttl_s)
+                 ex=self.key_ttl_s, nx=True)
         self._call(pipe.execute)
 
     def _delete(self, key: Key) -> None:
