@@ -163,6 +163,23 @@ def test_a_tampered_frame_or_a_wrong_key_is_a_miss_and_deletes_nothing(
     reader.check_integrity()
 
 
+@pytest.mark.redis
+def test_keys_that_are_not_content_hashes_stay_private(redis_url, fingerprint):
+    """A pager's ``page/...`` key names one process's sequence: two processes that page
+    must never read each other's pages, and a page is deleted when it is done."""
+    import redis
+    client = redis.Redis.from_url(redis_url)
+    a, b = shared_tier(redis_url, fingerprint), shared_tier(redis_url, fingerprint)
+    assert a.put("page/0/0/0", frame(1)) and b.put("page/0/0/0", frame(2))
+    assert a.get("page/0/0/0") == frame(1) and b.get("page/0/0/0") == frame(2)
+    assert a.put("page/0/0/0", frame(3)) and a.get("page/0/0/0") == frame(3)  # replaced
+    rkey = a._rkey("page/0/0/0")
+    assert not rkey.startswith(a.key_prefix) and client.exists(rkey)
+    assert a.delete("page/0/0/0") and not client.exists(rkey)
+    b.close()
+    assert not client.exists(b._rkey("page/0/0/0"))
+
+
 # ---- real processes -----------------------------------------------------------------------
 def run_peer(runs: list[dict], redis_url: str, key: str = KEY) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",

@@ -193,7 +193,12 @@ class RedisTier(Tier):
     def close(self) -> None:
         """Best-effort delete of every stored block, then drop the connections.
         Idempotent (it also runs at interpreter exit)."""
-        keys = [self._rkey(k) for k in self.keys()]
+        self._release(self.keys())
+
+    def _release(self, owned: list[Key]) -> None:
+        """Best-effort delete of the ``owned`` keys from Redis, forget every key, drop
+        the connections."""
+        keys = [self._rkey(k) for k in owned]
         for start in range(0, len(keys), 512):
             try:
                 self.client.unlink(*keys[start:start + 512])

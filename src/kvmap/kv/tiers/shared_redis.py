@@ -11,6 +11,12 @@ Layout in Redis, under the namespace prefix ``P`` (``kvmap:shared:<fingerprint>:
     P b:<key>   the sealed frame (``shared_frames.seal``)
     P i:<key>   its index entry: layout fingerprint + frame bytes
 
+Only content-addressed keys are shared: the ``bytes`` prefix hashes of
+``kvmap.kv.prefix``. Any other key (the pager's ``page/...`` strings, which name one
+process's sequence, not content) lives under a private prefix of this process, sealed
+with the process key, replaced and deleted as in a private RedisTier -- two processes'
+``page/0/...`` must never meet.
+
 The index lives in Redis, not in the process: before a prefix lookup the store calls
 :meth:`SharedRedisTier.discover` with the request's block hashes, which reads their
 index entries in one MGET and adds those of this layout to the tier's local view (an
@@ -32,7 +38,7 @@ from __future__ import annotations
 from kvmap.kv.tiers.auth import FrameAuth
 from kvmap.kv.tiers.backend import TIER_BACKENDS, TierBackend
 from kvmap.kv.tiers.base import Key, TierError, key_bytes
-from kvmap.kv.tiers.redis_tier import RedisTier, check_url
+from kvmap.kv.tiers.redis_tier import RedisTier, check_url, private_prefix
 from kvmap.kv.tiers.shared_frames import index_entry, open_sealed, read_index_entry, seal
 from kvmap.kv.tiers.shared_namespace import (
     check_shared_options, namespace_prefix, shared_auth_key)
@@ -57,20 +63,28 @@ class SharedRedisTier(RedisTier):
             raise ValueError("a shared redis tier's key prefix is its namespace; "
                              "key_prefix cannot be given")
         self._seal_auth = FrameAuth(shared_auth_key(shared_key))
+        self._private_auth = FrameAuth()               # this process's key
+        self._private_prefix = private_prefix().encode()
         self.fingerprint = layout_fingerprint
         self._refused: set[Key] = set()
         super().__init__(capacity_bytes, eviction, on_evict,
                          key_prefix=namespace_prefix(layout_fingerprint), **kwargs)
 
     def _rkey(self, key: Key) -> bytes:
+        if not isinstance(key, bytes):                 # not content-addressed: private
+            return self._private_prefix + key_bytes(key)
         return self.key_prefix + b"b:" + key_bytes(key)
+
+    def _auth_of(self, key: Key) -> FrameAuth:
+        return self._seal_auth if isinstance(key, bytes) else self._private_auth
 
     def _ikey(self, key: Key) -> bytes:
         return self.key_prefix + b"i:" + key_bytes(key)
 
     def discover(self, keys) -> None:
         """Add to the local view the ``keys`` that a process of this layout stored."""
-        new = [k for k in dict.fromkeys(keys) if k not in self._sizes and k not in self._refused]
+        new = [k for k in dict.fromkeys(keys) if isinstance(k, bytes)
+               and k not in self._sizes and k not in self._refused]
         if not new or self._count_unavailable():
             return
         try:
@@ -101,9 +115,9 @@ class SharedRedisTier(RedisTier):
         return data
 
     def put(self, key: Key, data: bytes) -> bool:
-        """Keys are content hashes: a block the namespace holds is not written again,
+        """Hash keys name content: a block the namespace holds is not written again,
         and a key this process could not read is not overwritten (see ``_write``)."""
-        if key in self._sizes:
+        if key in self._sizes and isinstance(key, bytes):
             self.order.touch(key)
             return True
         return False if key in self._refused else super().put(key, data)
@@ -111,12 +125,13 @@ class SharedRedisTier(RedisTier):
     def _read(self, key: Key) -> bytes | None:
         pipe = self.client.pipeline(transaction=False)
         pipe.getex(self._rkey(key), ex=self.key_ttl_s)      # a hit keeps it alive
-        pipe.expire(self._ikey(key), self.key_ttl_s)
-        data, _ = self._call(pipe.execute)
+        if isinstance(key, bytes):
+            pipe.expire(self._ikey(key), self.key_ttl_s)
+        data = self._call(pipe.execute)[0]
         if data is None:
             return None
         try:
-            return open_sealed(self._seal_auth, key_bytes(key), self.fingerprint, data)
+            return open_sealed(self._auth_of(key), key_bytes(key), self.fingerprint, data)
         except TierError:
             self._refuse(key)
             raise
@@ -124,24 +139,28 @@ class SharedRedisTier(RedisTier):
     def _write(self, key: Key, data: bytes) -> None:
         """Frame and entry in one transaction, each only if absent: the first writer of
         a block wins, so a peer given another key cannot replace the pool's frames."""
+        sealed = seal(self._auth_of(key), key_bytes(key), self.fingerprint, data)
+        if not isinstance(key, bytes):
+            self._call(self.client.set, self._rkey(key), sealed, ex=self.key_ttl_s)
+            return
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(self._rkey(key), seal(self._seal_auth, key_bytes(key), self.fingerprint,
-                                       data), ex=self.key_ttl_s, nx=True)
+        pipe.set(self._rkey(key), sealed, ex=self.key_ttl_s, nx=True)
         pipe.set(self._ikey(key), index_entry(self.fingerprint, len(data)),
                  ex=self.key_ttl_s, nx=True)
         self._call(pipe.execute)
 
     def _delete(self, key: Key) -> None:
         """Shared keys are left to their TTL (see the module docstring)."""
+        if not isinstance(key, bytes):
+            super()._delete(key)
 
     def close(self) -> None:
-        """Forget the local view and drop the connections; Redis keeps the blocks."""
-        for key in self.keys():
-            self._forget(key)
-        self.client.close()
+        """Delete this process's private keys, forget the local view, drop the
+        connections; Redis keeps the shared blocks."""
+        self._release([k for k in self.keys() if not isinstance(k, bytes)])
 
     def _refuse(self, key: Key) -> None:
-        if len(self._refused) < MAX_REFUSED_KEYS:
+        if isinstance(key, bytes) and len(self._refused) < MAX_REFUSED_KEYS:
             self._refused.add(key)
 
 
