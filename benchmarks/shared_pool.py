@@ -97,7 +97,7 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)   # 2 spin under load
     p.add_argument("--port", type=int, default=6395)
     p.add_argument("--db", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="3 prompts x 1,000 tokens")
