@@ -164,6 +164,26 @@ def test_a_tampered_frame_or_a_wrong_key_is_a_miss_and_deletes_nothing(
 
 
 @pytest.mark.redis
+def test_a_full_local_view_forgets_blocks_but_redis_keeps_them(redis_url, fingerprint):
+    import redis
+    from kvmap.kv.tiers.shared_redis import SharedRedisTier
+    client = redis.Redis.from_url(redis_url)
+    writer = shared_tier(redis_url, fingerprint)
+    keys = [f"h{i}".encode() for i in range(5)]
+    for i, key in enumerate(keys):
+        assert writer.put(key, frame(i))
+    small = SharedRedisTier(3 * len(frame(0)), "lru", url=redis_url,
+                            shared_key=f"env:{KEY_ENV}", layout_fingerprint=fingerprint)
+    small.discover(keys)
+    assert len(small) == 3 and small.used_bytes <= small.capacity_bytes
+    assert small.stats.evictions == 2
+    small.check_integrity()
+    assert all(client.exists(writer._rkey(k)) for k in keys)   # only the view forgot
+    small.discover(keys[:1])                                   # and can learn it again
+    assert small.get(keys[0]) == frame(0)
+
+
+@pytest.mark.redis
 def test_keys_that_are_not_content_hashes_stay_private(redis_url, fingerprint):
     """A pager's ``page/...`` key names one process's sequence: two processes that page
     must never read each other's pages, and a page is deleted when it is done."""
