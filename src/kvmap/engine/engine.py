@@ -23,6 +23,7 @@ from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.pager import PageLost
+from kvmap.kv.tiers.shared_namespace import weights_identity
 from kvmap.kv.tiers.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
@@ -113,7 +114,9 @@ class Engine:
                    else "enable_prefix_caching is off")
             raise ValueError(f"KV spec {self.kv_config.spec!r}: {layout!r} keeps blocks by "
                              f"prefix hash, but prefix caching is off ({why})")
-        store = TieredStore(layout, self.kv, self.model_config)
+        identity = weights_identity(self.model_id, self.model_config, self.model.quantization,
+                                    (self.model.embed, self.model.norm))
+        store = TieredStore(layout, self.kv, self.model_config, identity)
         weakref.finalize(self, store.close)       # temp dirs and Redis keys go with us
         return store
 

@@ -12,6 +12,8 @@ prefix can take it back (a prefix-cache hit) until it is reallocated for somethi
 a cached block -- is when its content leaves the pool: if ``on_evict`` is set it is
 called as ``on_evict(block_id, block_hash)`` first, while the content is still intact,
 so that a tiered store (``kvmap.kv.tiers.store``) can keep a copy below the pool.
+``on_register(block_id, block_hash)``, if set, is called when a block is first named by
+its hash (a shared tier publishes it then, for other processes).
 
     free queue (LRU order):  [b7 (hash h3)] [b2] [b9 (hash h1)] ...  <- allocate pops left
     hash index:              h1 -> b9, h3 -> b7, h5 -> b4 (b4 in use, refcount 2)
@@ -40,6 +42,7 @@ class BlockPool:
         self.peak_num_used_blocks = 0     # most blocks in use at once since reset_peak()
         # called with (block_id, hash) just before a cached block is reused for new content
         self.on_evict: Callable[[int, bytes], object] | None = None
+        self.on_register: Callable[[int, bytes], object] | None = None  # after naming
         # called after blocks become used (allocate, a cached block's incref): readers of
         # a peak that is not only blocks (KIVI's staging rows) sample there
         self.on_used: list[Callable[[], object]] = []
@@ -124,6 +127,8 @@ class BlockPool:
             return
         self.block_hash[block_id] = block_hash
         self.hash_to_block[block_hash] = block_id
+        if self.on_register is not None:
+            self.on_register(block_id, block_hash)
 
     def _forget_hash(self, block_id: int) -> None:
         h = self.block_hash[block_id]

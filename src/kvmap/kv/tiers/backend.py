@@ -34,7 +34,8 @@ from kvmap.registry import Registry
 @dataclass(frozen=True)
 class TierBackend:
     name: str
-    tier_class: type                 # a Tier subclass: (capacity_bytes, eviction, **kwargs)
+    tier_class: Callable             # a Tier subclass, or a factory of Tiers, called as
+                                     # (capacity_bytes, eviction, **kwargs)
     order: int                       # position of its level, top (small) to bottom
     latency_prior_s: float           # cost model priors until fetches are measured
     bandwidth_prior_bytes_per_s: float
@@ -43,6 +44,7 @@ class TierBackend:
     size_option: str | None = None   # spec option of the capacity with a locator
     default_size: str | None = None
     check: Callable[[Any], None] | None = None   # validates NAME= (ValueError)
+    check_options: Callable[[dict], None] | None = None  # validates options together
 
     def __post_init__(self) -> None:
         if (self.locator is None) != (self.size_option is None):
@@ -61,8 +63,9 @@ class TierBackend:
         """A disabled backend: none of its other options may be given."""
         for option in self.spec_options()[1:]:
             if options.get(option) is not None:
-                raise ValueError(f"tiers: {option}={options[option]} is given without "
-                                 f"{self.name}=")
+                value = options[option]
+                shown = str(value).lower() if isinstance(value, bool) else value
+                raise ValueError(f"tiers: {option}={shown} is given without {self.name}=")
 
     def level_args(self, options: dict) -> tuple[int, dict]:
         """(capacity_bytes, constructor keywords) of an enabled backend from the layout's
@@ -70,6 +73,8 @@ class TierBackend:
         value = options[self.name]
         if self.check is not None:
             self.check(value)
+        if self.check_options is not None:
+            self.check_options(options)
         kwargs = {kw: options[opt] for opt, kw in self.options.items()
                   if options.get(opt) is not None}
         if self.locator is None:

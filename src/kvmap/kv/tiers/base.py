@@ -103,6 +103,7 @@ class Tier:
     name: ClassVar[str] = ""
     verify_reads: ClassVar[bool] = False  # check each frame's CRC on get
     authenticate: ClassVar[bool] = False  # check each value's keyed tag on get
+    shared: ClassVar[bool] = False        # other processes read and write it too
 
     def __init__(self, capacity_bytes: int, eviction: str | EvictionOrder = "lru",
                  on_evict: EvictCallback | None = None, auth_key: bytes | None = None
@@ -129,6 +130,10 @@ class Tier:
 
     def close(self) -> None:
         """Release the backend; the base class has nothing to release."""
+
+    def discover(self, keys: list[Key]) -> None:
+        """Learn which of ``keys`` other processes stored (a shared tier's index lives
+        outside the process); a private tier's index is complete, so nothing."""
 
     # ---- public API -------------------------------------------------------------------
     @property

@@ -27,6 +27,9 @@ TTL (``key_ttl_s``, refreshed by each put), :meth:`close` and an ``atexit`` hook
 the namespace, and the first tier of a process deletes the namespaces of dead processes
 of this host (a killed cell runs neither). A ``key_prefix`` given explicitly is a shared
 namespace: it is never swept by another process, only expired by its TTL.
+
+The ``redis`` backend is registered in ``shared_redis.py``, next to the shared variant
+(``tiers(redis=URL, shared=true, ...)``) that it builds when asked.
 """
 from __future__ import annotations
 
@@ -44,7 +47,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvmap.kv.redact import redact_spec
-from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
 from kvmap.kv.tiers.owner import pid_alive
 
@@ -97,7 +99,7 @@ def sweep_dead_namespaces(client) -> int:
     return deleted
 
 
-def _check_url(url) -> None:
+def check_url(url) -> None:
     """``tiers(redis=URL)``: the URL schemes redis-py connects to."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://",
                                                        "env:")):
@@ -105,8 +107,6 @@ def _check_url(url) -> None:
                          "rediss:// or unix:// URL, nor env:NAME (the URL in variable NAME)")
 
 
-@tier_backend(order=30, latency_prior_s=500e-6, bandwidth_prior_bytes_per_s=2e8,
-              locator="url", size_option="redis_size", default_size="1GiB", check=_check_url)
 class RedisTier(Tier):
     """Blocks in the Redis at ``url`` under ``key_prefix`` (default: unique per tier,
     so tiers sharing a server never collide). Connects lazily, on first use."""
@@ -193,7 +193,12 @@ class RedisTier(Tier):
     def close(self) -> None:
         """Best-effort delete of every stored block, then drop the connections.
         Idempotent (it also runs at interpreter exit)."""
-        keys = [self._rkey(k) for k in self.keys()]
+        self._release(self.keys())
+
+    def _release(self, owned: list[Key]) -> None:
+        """Best-effort delete of the ``owned`` keys from Redis, forget every key, drop
+        the connections."""
+        keys = [self._rkey(k) for k in owned]
         for start in range(0, len(keys), 512):
             try:
                 self.client.unlink(*keys[start:start + 512])

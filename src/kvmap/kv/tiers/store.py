@@ -51,6 +51,7 @@ from kvmap.kv.tiers.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
 from kvmap.kv.tiers.page_frames import page_layer
 from kvmap.kv.tiers.pager import Pager
+from kvmap.kv.tiers.shared_namespace import layout_fingerprint
 
 
 @dataclass
@@ -94,7 +95,10 @@ class TieredStore:
     Installs itself as the pool's ``on_evict`` and as ``kv.tiers`` (so that
     ``kv.usage().tiers`` reports resident bytes per level); :meth:`close` undoes both."""
 
-    def __init__(self, layout: Layout, kv: PagedKVCache, model_config: ModelConfig) -> None:
+    def __init__(self, layout: Layout, kv: PagedKVCache, model_config: ModelConfig,
+                 model_identity: str | None = None) -> None:
+        """``model_identity`` (``shared_namespace.weights_identity``) names the weights
+        for a shared level's namespace; default: the model's shape alone."""
         if not layout.levels:
             raise ValueError(f"KV layout {layout!r} has no tier levels")
         self.kv = kv
@@ -104,6 +108,7 @@ class TieredStore:
         self.levels: list[Level] = []
         self.lock = threading.RLock()       # tier calls: engine loop and prefetch thread
         self.pager: Pager | None = None
+        self.model_identity = model_identity or repr(model_config)
         codec = kv.codec
         try:
             for level in layout.levels:
@@ -122,11 +127,18 @@ class TieredStore:
         self.pager = Pager(self, o.get("prefetch", "none"), o.get("page_blocks", 16),
                            o.get("prefetch_depth", 2), o.get("prefetch_pages", 0))
         kv.pool.on_evict = self.demote
+        if any(lv.tier.shared for lv in self.levels):
+            kv.pool.on_register = self.publish
         kv.tiers = self
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
         owned = None
+        if level.backend_options.get("shared"):     # its namespace: model and KV layout
+            fingerprint = layout_fingerprint(self.model_identity, self.kv.geom,
+                                             self.kv.codec, codec, self.kv.compute_dtype)
+            level = TierLevel(level.name, level.capacity_bytes, level.codec,
+                              {**level.backend_options, "layout_fingerprint": fingerprint})
         if level.name == "disk" and "directory" in level.backend_options:
             # a directory of our own under the one given: DiskTier clears stale files
             from kvmap.kv.tiers.disk import private_directory   # sweeps dead pids' dirs
@@ -154,6 +166,15 @@ class TieredStore:
             if top.tier.put(block_hash, data):
                 self.stats.num_demoted_blocks += 1
             self.stats.demote_s += time.perf_counter() - start_s
+
+    def publish(self, block_id: int, block_hash: bytes) -> None:
+        """The pool's ``on_register`` when a level is shared: a block just named by its
+        hash is written through to every shared level, so peers find it now."""
+        with self.lock:
+            for level in self.levels:
+                if level.tier.shared and not level.tier.contains(block_hash):
+                    level.tier.put(block_hash,
+                                   self.frames.encode_pool_block(block_id, level.codec))
 
     def _demote_frame(self, index: int, key: Key, data: bytes) -> None:
         """Level ``index``'s victim goes one level down, re-encoded if the codec changes."""
@@ -186,6 +207,8 @@ class TieredStore:
         at a fetch that fails, or when the pool has no free block."""
         pool, bs = self.kv.pool, self.block_size
         hashes = block_hashes[start_block:]
+        for level in self.levels:                   # shared levels read their index
+            level.tier.discover(hashes)
         plan: list[Level | None] = []               # None: the pool holds it
         for h in hashes:
             if h in pool.hash_to_block:
@@ -286,6 +309,8 @@ class TieredStore:
             self.pager.close()           # stops the prefetch thread first
         if self.kv.pool.on_evict == self.demote:
             self.kv.pool.on_evict = None
+        if self.kv.pool.on_register == self.publish:
+            self.kv.pool.on_register = None
         if self.kv.tiers is self:
             self.kv.tiers = None
         for level in self.levels:
