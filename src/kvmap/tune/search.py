@@ -1,0 +1,225 @@
+"""The search: successive cells instead of a fixed grid.
+
+1. The baseline (the model's dtype as codec, full cache): its workload cell and both task
+   cells -- every accuracy delta is paired with it.
+2. Family by family (``space.Family``; for ``memory`` the cheapest first, so a good
+   incumbent comes early), the smallest budget whose accuracy meets the budget, by
+   bisection over the family's budgets (coarse to fine: the middle budget first, then
+   the half that can still hold the answer). It rests on accuracy rising and memory
+   growing with the budget, so the smallest accurate budget is the family's best point
+   on memory, and (more concurrency in the same pool, less attention) on speed too.
+3. Each probe is screened: the task on ``screen_samples`` samples first; a point whose
+   drop already passes the budget there is rejected without its full task or workload
+   cell. For ``memory``, a point whose task cells alone hold as much KV as the
+   incumbent's peak is *dominated* (the report's peak is the max over a configuration's
+   cells, so it cannot win) and costs no further cell.
+4. The family's point gets its workload cell (SLA, throughput, peak KV).
+5. With several ``max_num_seqs``, the best point is run at the others (workload only).
+
+Every cell counts against ``--max-cells`` / ``--max-minutes`` (``executor``); when the
+next one would pass them the search stops and recommends from what it measured. The
+answer comes from ``kvmap.report.recommend`` over the summaries of the points tried --
+the same rules ``kvmap report`` applies to the run directory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmap.config import format_bytes
+from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.tune.evaluate import Point, Verdict, better, renamed, summary_of, verdict
+from kvmap.tune.executor import BudgetExhausted, Executor
+from kvmap.tune.path import Step
+from kvmap.tune.setup import CellBook, TuneSetup
+from kvmap.tune.space import Family, TuneSpace
+
+ACCURATE, INACCURATE, DOMINATED = "accurate", "inaccurate", "dominated"
+
+
+def min_cells() -> int:
+    """The baseline (workload, screen, task) and one candidate (the same three)."""
+    return 6
+
+
+def grid_cells(scenario, space: TuneSpace) -> int:
+    """Cells of the exhaustive grid of the same space: every point's workload and task
+    cell (no screens), and the workload at every other ``max_num_seqs``."""
+    others = [n for n in space.max_num_seqs if n != scenario.engine.max_num_seqs]
+    return len(scenario.kv) * (2 + len(others))
+
+
+@dataclass
+class TuneResult:
+    steps: list[Step]
+    recommendation: Recommendation
+    verdicts: dict[Point, Verdict]
+    num_cells: int
+    stopped: str | None = None
+    incumbent: Point | None = None
+    status: dict[str, str] = field(default_factory=dict)
+
+
+class Search:
+    def __init__(self, setup: TuneSetup, space: TuneSpace, executor: Executor,
+                 constraints: Constraints, objective: str):
+        if executor.max_cells < min_cells():
+            raise ValueError(f"--max-cells {executor.max_cells} is too small: the baseline "
+                             f"and one candidate need {min_cells()} cells (workload, "
+                             f"{setup.screen_task}, {setup.task} each)")
+        self.setup, self.space, self.ex = setup, space, executor
+        self.constraints, self.objective = constraints, objective
+        self.book = CellBook(executor.scenario)
+        self.baseline = Point(executor.scenario.models[0].dtype)
+        if not [kv for kv in space.all_kv() if kv != self.baseline.kv]:
+            raise ValueError(f"the tune space holds only the baseline {self.baseline.kv!r}:"
+                             " nothing to search; add codecs or policies")
+        self.jobs = (setup.screen_task, setup.task, self.book.workload)
+        self.steps: list[Step] = []
+        self.cells: dict[Point, list] = {}
+        self.verdicts: dict[Point, Verdict] = {}
+        self.status: dict[str, str] = {}
+        self.incumbent: Point | None = None
+
+    # ---- running and judging ---------------------------------------------------------
+    def _run(self, point: Point, jobs: tuple[str, ...]) -> None:
+        seqs = {self.book.workload: point.max_num_seqs}
+        cells = [self.book.cell(point.kv, j, seqs.get(j)) for j in jobs]
+        self.ex.run(cells)
+        mine = self.cells.setdefault(point, [])
+        mine += [c for c in cells if c not in mine]
+
+    def _summary(self, point: Point):
+        run = self.ex.run_data
+        by_id = {c["cell_id"]: c for c in run.cells}
+        records = [by_id[c.cell_id] for c in self.cells[point] if c.cell_id in by_id]
+        base = [by_id[c.cell_id] for c in self.cells.get(self.baseline, [])
+                if c.task is not None and c.cell_id in by_id]
+        return summary_of(records, base, run.rows_by_cell, point.kv, self.constraints.slo,
+                          self.ex.scenario.seed)
+
+    def _judge(self, point: Point, accuracy_only: bool) -> Verdict:
+        skip = tuple(self.constraints.slo) if accuracy_only else ()
+        return verdict(self._summary(point), self.constraints, self.objective, skip)
+
+    def _step(self, point: Point, why: str, verdict_text: str, jobs) -> None:
+        self.steps.append(Step(len(self.steps) + 1, self._label(point), why, verdict_text,
+                               tuple(jobs), self.ex.num_cells))
+
+    def _label(self, point: Point) -> str:
+        return point.label(len(self.space.max_num_seqs) > 1)
+
+    def _dominated(self, v: Verdict) -> bool:
+        best = self.verdicts.get(self.incumbent) if self.incumbent else None
+        return (self.objective == "memory" and best is not None and v.peak_kv_bytes
+                is not None and best.peak_kv_bytes is not None
+                and v.peak_kv_bytes >= best.peak_kv_bytes)
+
+    def _dominated_text(self, v: Verdict) -> str:
+        best = self.verdicts[self.incumbent]
+        return (f"dominated: its task cells alone hold {format_bytes(v.peak_kv_bytes)} peak "
+                f"KV >= {format_bytes(best.peak_kv_bytes)} of {self._label(self.incumbent)}")
+
+    # ---- the steps -------------------------------------------------------------------
+    def _complete(self, point: Point, why: str, jobs: tuple[str, ...]) -> Verdict:
+        self._run(point, jobs)
+        v = self._judge(point, accuracy_only=False)
+        self.verdicts[point] = v
+        if v.ok and better(v, self.verdicts.get(self.incumbent), self.objective):
+            self.incumbent = point
+            text = f"feasible, new best ({self._objective_text(v)})"
+        elif v.ok:
+            text = f"feasible, not better ({self._objective_text(v)})"
+        else:
+            text = "fails: " + "; ".join(v.failed)
+        self._step(point, why, text, jobs)
+        return v
+
+    def _objective_text(self, v: Verdict) -> str:
+        if v.objective is None:
+            return f"{self.objective} not measured"
+        if self.objective == "memory":
+            return f"peak KV {format_bytes(v.objective)}"
+        if self.objective == "throughput":
+            return f"{v.objective:.1f} tok/s"
+        return f"P99 TBT {v.objective * 1000:.0f} ms"
+
+    def _probe(self, point: Point, why: str) -> str:
+        """Screen, then the full task: ``ACCURATE``, ``INACCURATE`` or ``DOMINATED``."""
+        if point.kv in self.status:
+            return self.status[point.kv]
+        screen, task = self.setup.screen_task, self.setup.task
+        self._run(point, (screen,))
+        v = self._judge(point, accuracy_only=True)
+        if not v.ok:
+            self.status[point.kv] = INACCURATE
+            self._step(point, why, f"rejected early on {self.setup.screen_samples} "
+                       "samples: " + "; ".join(v.failed), (screen,))
+        elif self._dominated(v):
+            self.status[point.kv] = DOMINATED
+            self._step(point, why, self._dominated_text(v), (screen,))
+        else:
+            self._run(point, (task,))
+            v = self._judge(point, accuracy_only=True)
+            state = INACCURATE if not v.ok else DOMINATED if self._dominated(v) else ACCURATE
+            self.status[point.kv] = state
+            text = {INACCURATE: "rejected: " + "; ".join(v.failed),
+                    DOMINATED: self._dominated_text(v) if state == DOMINATED else "",
+                    ACCURATE: f"accurate (drop {v.accuracy_drop_pct:.2f}%)"
+                    if v.accuracy_drop_pct is not None else "accurate"}[state]
+            self._step(point, why, text, (screen, task))
+        return self.status[point.kv]
+
+    def _family(self, family: Family) -> None:
+        """Bisection for the family's smallest accurate budget, then its workload cell."""
+        budgets, points = family.budgets, family.points()
+        if points == [self.baseline.kv]:
+            return
+        lo, hi = 0, len(points)             # the answer's index lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            why = ("the codec on the full cache" if family.policy is None else
+                   f"bisection on {family.policy.name} budget in "
+                   f"[{budgets[lo]:g}, {budgets[hi - 1]:g}]: {budgets[mid]:g}")
+            if self._probe(Point(points[mid]), why) == INACCURATE:
+                lo = mid + 1
+            else:
+                hi = mid
+        if hi < len(points) and self.status[points[hi]] == ACCURATE:
+            why = ("accurate: its speed and memory" if family.policy is None else
+                   f"the smallest accurate {family.policy.name} budget ({budgets[hi]:g})")
+            self._complete(Point(points[hi]), why, (self.book.workload,))
+
+    def _seqs(self) -> None:
+        if self.incumbent is None:
+            return
+        default = self.ex.scenario.engine.max_num_seqs
+        for n in [n for n in self.space.max_num_seqs if n != default]:
+            point = Point(self.incumbent.kv, n)
+            if point in self.verdicts:
+                continue
+            self.cells[point] = [c for c in self.cells[self.incumbent] if c.task is not None]
+            self._complete(point, f"max_num_seqs={n} on the best configuration",
+                           (self.book.workload,))
+
+    def families(self) -> list[Family]:
+        found = self.space.families()
+        return sorted(found, key=Family.cost) if self.objective == "memory" else found
+
+    def run(self) -> TuneResult:
+        stopped = None
+        try:
+            self._complete(self.baseline, "baseline: the reference every accuracy delta is "
+                           "paired with", self.jobs)
+            for family in self.families():
+                self._family(family)
+            self._seqs()
+        except BudgetExhausted as e:
+            stopped = str(e)
+        return TuneResult(self.steps, self.recommendation(), dict(self.verdicts),
+                          self.ex.num_cells, stopped, self.incumbent, dict(self.status))
+
+    def recommendation(self) -> Recommendation:
+        """``kvmap.report.recommend`` over every point tried (baseline first)."""
+        summaries = [renamed(self._summary(p), self._label(p)) for p in self.cells
+                     if self.cells[p]]
+        return recommend(summaries, self.constraints, self.objective)

@@ -1,0 +1,111 @@
+"""The search against the stub runner (``conftest``): it finds the grid's optimum with
+fewer cells, its early rejection skips cells, and it keeps to its cell budget."""
+from __future__ import annotations
+
+from rich.console import Console
+
+from kvmap.bench.runner import run_scenario
+from kvmap.report.analysis import analyze
+from kvmap.report.loader import load_run
+from kvmap.report.recommend import Constraints
+from kvmap.tune.path import read_path
+from kvmap.tune.run import run_tune
+from kvmap.tune.setup import TuneSetup, build_scenario
+from kvmap.tune.space import PolicyAxis, TuneSpace
+
+QUIET = Console(quiet=True)
+SPACE = TuneSpace(codecs=("bf16", "int8", "int4"),
+                  policies=(PolicyAxis("streaming_llm", (0.125, 0.25, 0.5, 0.75)),))
+BUDGET = Constraints(max_accuracy_drop_pct=2.0)
+
+
+def _tune(tmp_path, stub, objective="memory", max_cells=40, space=SPACE,
+          constraints=BUDGET, name="tune"):
+    return run_tune(TuneSetup(), space, constraints, objective, tmp_path / name,
+                    max_cells=max_cells, backend=stub.backend(), console=QUIET)
+
+
+def _grid(tmp_path, stub, objective="memory", constraints=BUDGET):
+    """The exhaustive grid of the same space: ``kvmap bench`` of the scenario, no screens."""
+    scenario = build_scenario(TuneSetup(), SPACE, "grid")
+    cells = [c for c in scenario.cells() if c.job != TuneSetup().screen_task]
+    run_scenario(scenario, tmp_path / "grid", cells=cells, backend=stub.backend(),
+                 console=QUIET, show_progress=False)
+    analysis = analyze(load_run(tmp_path / "grid"), constraints, objective)
+    return analysis.recommendation.choice, len(cells)
+
+
+def test_memory_search_finds_the_grid_optimum_with_fewer_cells(tmp_path, stub):
+    result = _tune(tmp_path, stub)
+    assert result.recommendation.choice == stub.optimum
+    grid_stub = type(stub)()
+    grid_choice, grid_num_cells = _grid(tmp_path, grid_stub)
+    assert grid_choice == stub.optimum
+    assert result.num_cells == len(stub.ran) < grid_num_cells == len(grid_stub.ran)
+
+
+def test_throughput_search_finds_the_grid_optimum(tmp_path, stub):
+    result = _tune(tmp_path, stub, objective="throughput")
+    grid_choice, grid_num_cells = _grid(tmp_path, type(stub)(), objective="throughput")
+    assert result.recommendation.choice == grid_choice == stub.optimum
+    assert result.num_cells < grid_num_cells
+
+
+def test_early_rejection_runs_no_further_cell_of_a_rejected_point(tmp_path, stub):
+    result = _tune(tmp_path, stub)
+    early = [s for s in result.steps if s.verdict.startswith("rejected early")]
+    assert early, "the stub space has points whose screen already misses the budget"
+    for step in early:
+        assert stub.jobs_of(step.config) == ["ppl-screen"]      # no task, no workload
+    # every rejected point saved its task and workload cells against the grid
+    num_screened = sum(1 for c in stub.ran if c.job == "ppl-screen")
+    num_full = sum(1 for c in stub.ran if c.job == "ppl")
+    assert num_full == num_screened - len(early) - sum(
+        1 for s in result.steps if s.verdict.startswith("dominated") and s.cells == ("ppl-screen",))
+
+
+def test_memory_search_prunes_dominated_points(tmp_path, stub):
+    result = _tune(tmp_path, stub)
+    dominated = [s for s in result.steps if s.verdict.startswith("dominated")]
+    assert dominated
+    for step in dominated:
+        drop, peak = stub.figures(step.config)
+        assert peak >= stub.figures(stub.optimum)[1]
+        assert "throughput" not in stub.jobs_of(step.config)
+
+
+def test_the_cell_budget_is_respected(tmp_path, stub):
+    result = _tune(tmp_path, stub, max_cells=7)
+    assert result.num_cells <= 7 and len(stub.ran) <= 7
+    assert result.stopped and "--max-cells 7" in result.stopped
+    assert result.recommendation.choice is not None    # from what it measured
+    assert read_path(tmp_path / "tune")["stopped"] == result.stopped
+
+
+def test_the_run_directory_is_an_ordinary_run_with_its_path(tmp_path, stub):
+    result = _tune(tmp_path, stub)
+    run = load_run(tmp_path / "tune")
+    assert {c["cell_id"] for c in run.cells} == {c.cell_id for c in stub.ran}
+    assert analyze(run, BUDGET, "memory").recommendation.choice == result.recommendation.choice
+    path = read_path(tmp_path / "tune")
+    assert [s["step"] for s in path["steps"]] == list(range(1, len(result.steps) + 1))
+    assert path["steps"][0]["config"] == "bf16" and path["num_cells"] == result.num_cells
+    assert path["num_cells_grid"] == 2 * len(SPACE.all_kv())
+    assert path["recommendation"]["choice"] == stub.optimum
+    assert (tmp_path / "tune" / "tune.md").read_text().count("\n") == len(result.steps) + 2
+
+
+def test_a_resumed_tune_runs_no_cell_again(tmp_path, stub):
+    first = _tune(tmp_path, stub)
+    again = type(stub)()
+    second = _tune(tmp_path, again)
+    assert again.ran == [] and second.recommendation.choice == first.recommendation.choice
+
+
+def test_max_num_seqs_runs_only_the_best_point_at_other_values(tmp_path, stub):
+    space = TuneSpace(codecs=("bf16", "int8"), max_num_seqs=(64, 8))
+    result = _tune(tmp_path, stub, space=space)
+    seqs = [c for c in stub.ran if c.engine.max_num_seqs == 8]
+    assert [(c.kv, c.job) for c in seqs] == [("int8", "throughput")]
+    assert result.recommendation.choice in {"int8", "int8 @max_num_seqs=8"}
+    assert result.steps[-1].config == "int8 @max_num_seqs=8"
