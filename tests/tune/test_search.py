@@ -109,3 +109,16 @@ def test_max_num_seqs_runs_only_the_best_point_at_other_values(tmp_path, stub):
     assert [(c.kv, c.job) for c in seqs] == [("int8", "throughput")]
     assert result.recommendation.choice in {"int8", "int8 @max_num_seqs=8"}
     assert result.steps[-1].config == "int8 @max_num_seqs=8"
+
+
+def test_kvmap_report_draws_the_searched_points_and_the_path(tmp_path, stub):
+    from kvmap.report.html import write_report
+    result = _tune(tmp_path, stub)
+    analysis = analyze(load_run(tmp_path / "tune"), BUDGET, "memory")
+    tried = {c.kv for c in stub.ran}
+    assert {c.kv for c in analysis.configs} == tried
+    html = write_report(analysis).read_text()
+    assert "The search path (kvmap tune)" in html
+    assert html.count("bisection on streaming_llm budget") == sum(
+        "bisection" in s.why for s in result.steps)
+    assert f"{result.num_cells} cells (the exhaustive grid of this space: 30)" in html

@@ -5,6 +5,7 @@ the page; no external file, so it opens offline in any browser and can be mailed
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -82,7 +83,14 @@ def context(a: Analysis) -> dict:
         "checklist_configs": names, "checklist_rows": checklist_rows,
         "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
         "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,
+        "tune": _tune_path(a.run.run_dir),
     }
+
+
+def _tune_path(run_dir: Path) -> dict | None:
+    """The search path a ``kvmap tune`` run stored (``tune.json``); None for a bench run."""
+    path = Path(run_dir) / "tune.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def render(a: Analysis) -> str:
