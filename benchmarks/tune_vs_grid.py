@@ -31,6 +31,7 @@ WORKLOAD = {"name": "throughput", "num_requests": 8, "prompt_len": 128, "output_
             "arrival": "closed:8"}
 TASK_PARAMS = {"context_tokens": 256, "continuation_tokens": 16}
 MAX_DROP_PCT = 2.0
+SCREEN_SAMPLES = 2
 
 
 def _grid(setup, space, root: Path, console) -> dict:
@@ -38,7 +39,10 @@ def _grid(setup, space, root: Path, console) -> dict:
     from kvmap.report.analysis import analyze
     from kvmap.report.loader import load_run
     from kvmap.tune.setup import build_scenario
-    scenario = build_scenario(setup, space, "grid")
+    from dataclasses import replace
+    # the grid runs no screen cell; its scenario's screen size is fixed so that a stored
+    # grid is resumed (reused) whatever SCREEN_SAMPLES the tunes use
+    scenario = build_scenario(replace(setup, screen_samples=1), space, "grid")
     cells = [c for c in scenario.cells() if c.job != setup.screen_task]
     t0 = time.perf_counter()
     run_scenario(scenario, root / "grid", cells=cells, console=console, show_progress=False)
@@ -52,7 +56,10 @@ def _tune(setup, space, constraints, objective: str, root: Path, console) -> dic
     t0 = time.perf_counter()
     result = run_tune(setup, space, constraints, objective, root / f"tune-{objective}",
                       max_cells=40, max_minutes=20, console=console)
-    return {"answer": result.recommendation.choice, "num_cells": result.num_cells,
+    from kvmap.bench.store import RunStore
+    cells = RunStore(root / f"tune-{objective}").cells()
+    return {"answer": result.recommendation.choice,
+            "cells_s": sum(c.get("duration_s") or 0 for c in cells), "num_cells": result.num_cells,
             "num_steps": len(result.steps), "stopped": result.stopped,
             "wall_s": time.perf_counter() - t0,
             "path": [f"{s.step}. {s.config}: {s.verdict}" for s in result.steps]}
@@ -69,15 +76,18 @@ def _figures(configs, name):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", default="/tmp/tune-vs-grid")
+    parser.add_argument("--fresh", action="store_true", help="Run the grid again too "
+                        "(default: a finished grid under --root is resumed, i.e. reused).")
     args = parser.parse_args()
     from kvmap.report.recommend import Constraints
     from kvmap.tune.setup import TuneSetup
     from kvmap.tune.space import space_from_dict
     root = Path(args.root)
-    shutil.rmtree(root, ignore_errors=True)
+    for name in ["grid"] * args.fresh + ["tune-memory", "tune-throughput"]:
+        shutil.rmtree(root / name, ignore_errors=True)
     console = Console(stderr=True)
     setup = TuneSetup(workload=dict(WORKLOAD), task_params=dict(TASK_PARAMS),
-                      screen_samples=1, num_samples=4, engine={"kv_memory": "128MiB"})
+                      screen_samples=SCREEN_SAMPLES, num_samples=4, engine={"kv_memory": "128MiB"})
     space = space_from_dict(SPACE, "tune_vs_grid")
     constraints = Constraints(max_accuracy_drop_pct=MAX_DROP_PCT)
     load_start = os.getloadavg()
@@ -85,7 +95,9 @@ def main() -> int:
     runs = {o: _tune(setup, space, constraints, o, root, console)
             for o in ("memory", "throughput")}
     load_end = os.getloadavg()
-    metrics = {"grid": {"num_cells": grid["num_cells"], "wall_s": grid["wall_s"]}}
+    # wall_s of a reused grid is its resume; the cells' own durations are its cost
+    metrics = {"grid": {"num_cells": grid["num_cells"], "wall_s": grid["wall_s"],
+                        "cells_s": sum(c.get("duration_s") or 0 for c in grid["run"].cells)}}
     for objective, tuned in runs.items():
         analysis = grid["analyze"](grid["run"], constraints, objective)
         answer = analysis.recommendation.choice
@@ -99,7 +111,7 @@ def main() -> int:
                               "tune_answer_in_grid": mine, "grid_answer_in_grid": theirs,
                               "within_grid_noise": within}
     config = {"space": SPACE, "workload": WORKLOAD, "task": "ppl", "task_params": TASK_PARAMS,
-              "screen_samples": 1, "num_samples": 4, "max_accuracy_drop_pct": MAX_DROP_PCT,
+              "screen_samples": SCREEN_SAMPLES, "num_samples": 4, "max_accuracy_drop_pct": MAX_DROP_PCT,
               "kv_memory": "128MiB", "load_avg_start": load_start, "load_avg_end": load_end,
               "command": "PYTHONPATH=src nice -n 10 python benchmarks/tune_vs_grid.py"}
     path = write_record("tune_vs_grid", config, metrics)

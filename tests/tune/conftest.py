@@ -38,9 +38,9 @@ class StubRunner:
     optimum = OPTIMUM
     figures = staticmethod(figures)
 
-    def __init__(self, ttft_s: float = 0.1):
+    def __init__(self, ttft_s: float = 0.1, screen_ci_pct: float | None = None):
         self.ran: list = []
-        self.ttft_s = ttft_s
+        self.ttft_s, self.screen_ci_pct = ttft_s, screen_ci_pct
 
     def __call__(self, cell, store, on_fraction=lambda f: None):
         self.ran.append(cell)
@@ -49,6 +49,9 @@ class StubRunner:
             n = cell.task.params["num_samples"]
             metrics = {"ppl": 10.0 * (1 + drop / 100), "ppl_delta_rel": drop / 100,
                        "peak_kv_resident_bytes": peak, "num_samples": n}
+            if self.screen_ci_pct and cell.task.name.endswith("-screen"):
+                half = self.screen_ci_pct / 100
+                metrics["ppl_delta_rel_ci95"] = [drop / 100 - half, drop / 100 + half]
             return CellRecord.of_cell(cell, metrics=metrics).to_dict(), []
         rate = 1e8 / peak
         rows = [{"cell_id": cell.cell_id, "model": cell.model.name, "kv": cell.kv,

@@ -2,6 +2,7 @@
 fewer cells, its early rejection skips cells, and it keeps to its cell budget."""
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from kvmap.bench.runner import run_scenario
@@ -51,17 +52,26 @@ def test_throughput_search_finds_the_grid_optimum(tmp_path, stub):
     assert result.num_cells < grid_num_cells
 
 
-def test_early_rejection_runs_no_further_cell_of_a_rejected_point(tmp_path, stub):
-    result = _tune(tmp_path, stub)
+@pytest.mark.parametrize("objective", ["memory", "throughput"])
+def test_early_rejection_runs_no_further_cell_of_a_rejected_point(tmp_path, stub, objective):
+    result = _tune(tmp_path, stub, objective=objective)
     early = [s for s in result.steps if s.verdict.startswith("rejected early")]
     assert early, "the stub space has points whose screen already misses the budget"
     for step in early:
         assert stub.jobs_of(step.config) == ["ppl-screen"]      # no task, no workload
-    # every rejected point saved its task and workload cells against the grid
-    num_screened = sum(1 for c in stub.ran if c.job == "ppl-screen")
-    num_full = sum(1 for c in stub.ran if c.job == "ppl")
-    assert num_full == num_screened - len(early) - sum(
-        1 for s in result.steps if s.verdict.startswith("dominated") and s.cells == ("ppl-screen",))
+        assert stub.figures(step.config)[0] > 2.0
+    screened = {c.kv for c in stub.ran if c.job == "ppl-screen"}
+    full = {c.kv for c in stub.ran if c.job == "ppl"}
+    assert full <= screened - {s.config for s in early}
+
+
+def test_a_screen_whose_interval_reaches_the_budget_rejects_nothing(tmp_path, stub):
+    noisy = type(stub)(screen_ci_pct=5.0)      # every screen: drop +- 5 points
+    result = _tune(tmp_path, noisy, objective="throughput")
+    assert not [s for s in result.steps if s.verdict.startswith("rejected early")]
+    assert {c.kv for c in noisy.ran if c.job == "ppl"} == \
+        {c.kv for c in noisy.ran if c.job == "ppl-screen"}
+    assert result.recommendation.choice == noisy.optimum
 
 
 def test_memory_search_prunes_dominated_points(tmp_path, stub):
@@ -71,7 +81,10 @@ def test_memory_search_prunes_dominated_points(tmp_path, stub):
     for step in dominated:
         drop, peak = stub.figures(step.config)
         assert peak >= stub.figures(stub.optimum)[1]
-        assert "throughput" not in stub.jobs_of(step.config)
+        assert "ppl" not in stub.jobs_of(step.config)     # its full task never ran
+    # a dominated point ends its family: no larger budget of it is tried
+    tried = {c.kv for c in stub.ran}
+    assert "streaming_llm(budget=0.75)+bf16" not in tried
 
 
 def test_the_cell_budget_is_respected(tmp_path, stub):

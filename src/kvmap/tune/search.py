@@ -3,17 +3,20 @@
 1. The baseline (the model's dtype as codec, full cache): its workload cell and both task
    cells -- every accuracy delta is paired with it.
 2. Family by family (``space.Family``; for ``memory`` the cheapest first, so a good
-   incumbent comes early), the smallest budget whose accuracy meets the budget, by
-   bisection over the family's budgets (coarse to fine: the middle budget first, then
-   the half that can still hold the answer). It rests on accuracy rising and memory
-   growing with the budget, so the smallest accurate budget is the family's best point
-   on memory, and (more concurrency in the same pool, less attention) on speed too.
+   incumbent comes early), the smallest budget whose accuracy meets the budget: the
+   smallest accurate budget is the family's best point on memory and (more concurrency
+   in the same pool, less attention) on speed. For ``memory`` by a scan from the
+   smallest budget up, which is exact without assuming accuracy rises with the budget
+   (on a few ppl samples it does not); else by bisection over the budgets (coarse to
+   fine: the middle budget first, then the half that can still hold the answer), which
+   does assume it.
 3. Each probe is screened: the task on ``screen_samples`` samples first; a point whose
-   drop already passes the budget there is rejected without its full task or workload
-   cell. For ``memory``, a point whose task cells alone hold as much KV as the
-   incumbent's peak is *dominated* (the report's peak is the max over a configuration's
-   cells, so it cannot win) and costs no further cell.
-4. The family's point gets its workload cell (SLA, throughput, peak KV).
+   drop is already above the budget there (its 95% interval, not a noisy point value)
+   is rejected without its full task or workload cell. For ``memory`` the workload
+   cell comes next: a point whose cells hold as much KV as the incumbent's peak is
+   *dominated* (the report's peak is the max over a configuration's cells, so it cannot
+   win), and so is every larger budget of its family -- no further cell.
+4. The family's point gets its remaining cells (workload: SLA, throughput, peak KV).
 5. With several ``max_num_seqs``, the best point is run at the others (workload only).
 
 Every cell counts against ``--max-cells`` / ``--max-minutes`` (``executor``); when the
@@ -116,7 +119,7 @@ class Search:
 
     def _dominated_text(self, v: Verdict) -> str:
         best = self.verdicts[self.incumbent]
-        return (f"dominated: its task cells alone hold {format_bytes(v.peak_kv_bytes)} peak "
+        return (f"dominated: its cells so far hold {format_bytes(v.peak_kv_bytes)} peak "
                 f"KV >= {format_bytes(best.peak_kv_bytes)} of {self._label(self.incumbent)}")
 
     # ---- the steps -------------------------------------------------------------------
@@ -144,36 +147,84 @@ class Search:
         return f"P99 TBT {v.objective * 1000:.0f} ms"
 
     def _probe(self, point: Point, why: str) -> str:
-        """Screen, then the full task: ``ACCURATE``, ``INACCURATE`` or ``DOMINATED``."""
+        """Screen, (for memory) the workload, then the full task: ``ACCURATE``,
+        ``INACCURATE`` or ``DOMINATED``, from the first stage that decides."""
         if point.kv in self.status:
             return self.status[point.kv]
-        screen, task = self.setup.screen_task, self.setup.task
-        self._run(point, (screen,))
-        v = self._judge(point, accuracy_only=True)
-        if not v.ok:
-            self.status[point.kv] = INACCURATE
-            self._step(point, why, f"rejected early on {self.setup.screen_samples} "
-                       "samples: " + "; ".join(v.failed), (screen,))
-        elif self._dominated(v):
-            self.status[point.kv] = DOMINATED
-            self._step(point, why, self._dominated_text(v), (screen,))
-        else:
-            self._run(point, (task,))
-            v = self._judge(point, accuracy_only=True)
-            state = INACCURATE if not v.ok else DOMINATED if self._dominated(v) else ACCURATE
-            self.status[point.kv] = state
-            text = {INACCURATE: "rejected: " + "; ".join(v.failed),
-                    DOMINATED: self._dominated_text(v) if state == DOMINATED else "",
-                    ACCURATE: f"accurate (drop {v.accuracy_drop_pct:.2f}%)"
-                    if v.accuracy_drop_pct is not None else "accurate"}[state]
-            self._step(point, why, text, (screen, task))
-        return self.status[point.kv]
+        screen, task, workload = self.jobs
+        stages = (screen, workload, task) if self.objective == "memory" else (screen, task)
+        ran: list[str] = []
+        state, text = ACCURATE, ""
+        for job in stages:
+            self._run(point, (job,))
+            ran.append(job)
+            state, text = self._after(point, job)
+            if state != ACCURATE:
+                break
+        self.status[point.kv] = state
+        self._step(point, why, text, tuple(ran))
+        return state
+
+    def _after(self, point: Point, job: str) -> tuple[str, str]:
+        """What the cells of ``point`` so far decide, ``job`` the last one run."""
+        summary = self._summary(point)
+        v = verdict(summary, self.constraints, self.objective, tuple(self.constraints.slo))
+        if job == self.setup.screen_task:
+            rejected = self._screen_rejects(summary)
+            if rejected:
+                return INACCURATE, rejected
+        elif job == self.setup.task and not v.ok:
+            return INACCURATE, "rejected: " + "; ".join(v.failed)
+        if self._dominated(v):
+            return DOMINATED, self._dominated_text(v)
+        drop = v.accuracy_drop_pct
+        return ACCURATE, ("accurate" + (f" (drop {drop:.2f}%)" if drop is not None else "")
+                          if job == self.setup.task else f"passes the {job} stage")
+
+    def _screen_rejects(self, summary) -> str | None:
+        """Why the screen rejects (None: it does not): the drop's 95% interval on the
+        small sample lies above the budget (a single sample: its value does). A point
+        estimate on a few samples is too noisy to reject on: one ppl sample showed an
+        8.5% drop where four gave 0.8% (docs/tune.md)."""
+        budget = self.constraints.max_accuracy_drop_pct
+        result = summary.tasks.get(self.setup.screen_task)
+        if budget is None:
+            return None
+        if result is None or result.drop_pct is None:
+            return "rejected early: the screen measured no accuracy drop (cell failed?)"
+        lower = result.drop_ci[0] if result.drop_ci else result.drop_pct
+        if lower <= budget:
+            return None
+        return (f"rejected early on {self.setup.screen_samples} samples: drop "
+                f"{result.drop_pct:.2f}%, its 95% interval starts at {lower:.2f}% > "
+                f"the {budget:g}% budget")
 
     def _family(self, family: Family) -> None:
-        """Bisection for the family's smallest accurate budget, then its workload cell."""
+        """The family's smallest accurate budget, then its remaining cells: for memory a
+        scan from the smallest budget up (exact without assuming accuracy grows with the
+        budget; a dominated point ends it, since memory does grow), else bisection."""
         budgets, points = family.budgets, family.points()
         if points == [self.baseline.kv]:
             return
+        if self.objective == "memory":
+            for i, kv in enumerate(points):
+                why = ("the codec on the full cache" if family.policy is None else
+                       f"scan up {family.policy.name} budgets: {budgets[i]:g}")
+                state = self._probe(Point(kv), why)
+                if state != INACCURATE:
+                    break
+            found = i if state == ACCURATE else len(points)
+        else:
+            found = self._bisect(family)
+        if found < len(points):
+            why = ("accurate: its speed and memory" if family.policy is None else
+                   f"the smallest accurate {family.policy.name} budget ({budgets[found]:g})")
+            self._complete(Point(points[found]), why, self._missing(Point(points[found])))
+
+    def _bisect(self, family: Family) -> int:
+        """Index of the smallest accurate budget (len: none), by bisection: it assumes
+        accuracy does not fall as the budget grows."""
+        budgets, points = family.budgets, family.points()
         lo, hi = 0, len(points)             # the answer's index lies in [lo, hi]
         while lo < hi:
             mid = (lo + hi) // 2
@@ -184,10 +235,11 @@ class Search:
                 lo = mid + 1
             else:
                 hi = mid
-        if hi < len(points) and self.status[points[hi]] == ACCURATE:
-            why = ("accurate: its speed and memory" if family.policy is None else
-                   f"the smallest accurate {family.policy.name} budget ({budgets[hi]:g})")
-            self._complete(Point(points[hi]), why, (self.book.workload,))
+        return hi if hi < len(points) and self.status[points[hi]] == ACCURATE else len(points)
+
+    def _missing(self, point: Point) -> tuple[str, ...]:
+        done = {c.job for c in self.cells.get(point, [])}
+        return tuple(j for j in self.jobs if j not in done)
 
     def _seqs(self) -> None:
         if self.incumbent is None:
