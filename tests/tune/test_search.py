@@ -98,7 +98,11 @@ def test_the_cell_budget_is_respected(tmp_path, stub):
 def test_the_run_directory_is_an_ordinary_run_with_its_path(tmp_path, stub):
     result = _tune(tmp_path, stub)
     run = load_run(tmp_path / "tune")
-    assert {c["cell_id"] for c in run.cells} == {c.cell_id for c in stub.ran}
+    screens = load_run(tmp_path / "tune" / "screens")    # an ordinary run too
+    assert {c["cell_id"] for c in run.cells} == {c.cell_id for c in stub.ran
+                                                 if c.job != "ppl-screen"}
+    assert {c["cell_id"] for c in screens.cells} == {c.cell_id for c in stub.ran
+                                                     if c.job == "ppl-screen"}
     assert analyze(run, BUDGET, "memory").recommendation.choice == result.recommendation.choice
     path = read_path(tmp_path / "tune")
     assert [s["step"] for s in path["steps"]] == list(range(1, len(result.steps) + 1))
@@ -128,8 +132,9 @@ def test_kvmap_report_draws_the_searched_points_and_the_path(tmp_path, stub):
     from kvmap.report.html import write_report
     result = _tune(tmp_path, stub)
     analysis = analyze(load_run(tmp_path / "tune"), BUDGET, "memory")
-    tried = {c.kv for c in stub.ran}
-    assert {c.kv for c in analysis.configs} == tried
+    measured = {c.kv for c in stub.ran if c.job != "ppl-screen"}
+    assert {c.kv for c in analysis.configs} == measured
+    assert measured < {c.kv for c in stub.ran}     # rejected early: only in screens/
     html = write_report(analysis).read_text()
     assert "The search path (kvmap tune)" in html
     assert html.count("bisection on streaming_llm budget") == sum(

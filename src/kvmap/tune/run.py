@@ -2,7 +2,8 @@
 
 Everything is validated first -- the space, the scenario it becomes (KV specs, workload,
 task, SLA metrics), the objective, the cell budget -- so a bad input is a ``ValueError``
-naming it before any cell runs. ``backend`` is the bench's cell backend (a
+naming it before any cell runs. The run directory holds the main run (full task and
+workload cells: what ``kvmap report`` judges) and ``screens/``, the screen cells' run. ``backend`` is the bench's cell backend (a
 ``LocalBackend(run_cell)`` with a stub ``run_cell`` in tests).
 """
 from __future__ import annotations
@@ -18,8 +19,10 @@ from kvmap.tune.evaluate import check_objective
 from kvmap.tune.executor import Executor
 from kvmap.tune.path import write_path
 from kvmap.tune.search import Search, TuneResult, grid_cells
-from kvmap.tune.setup import TuneSetup, build_scenario
+from kvmap.tune.setup import TuneSetup, build_scenario, split_screens
 from kvmap.tune.space import TuneSpace
+
+SCREENS_DIR = "screens"      # <run>/screens: the screen cells' own run
 
 
 def run_tune(setup: TuneSetup, space: TuneSpace, constraints: Constraints, objective: str,
@@ -34,8 +37,10 @@ def run_tune(setup: TuneSetup, space: TuneSpace, constraints: Constraints, objec
         raise ValueError(f"--max-minutes {max_minutes!r} must be more than 0")
     run_dir = Path(run_dir)
     scenario = build_scenario(setup, space, run_dir.name or "tune")
-    executor = Executor(scenario, run_dir, max_cells=max_cells, max_minutes=max_minutes,
-                        backend=backend, console=console)
+    main, screens = split_screens(scenario, setup.screen_task)
+    executor = Executor([(main, run_dir), (screens, run_dir / SCREENS_DIR)],
+                        max_cells=max_cells, max_minutes=max_minutes, backend=backend,
+                        console=console)
     search = Search(setup, space, executor, constraints, objective)   # checks the budget
     t0 = time.perf_counter()
     result = search.run()

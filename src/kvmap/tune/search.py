@@ -71,7 +71,7 @@ class Search:
                              f"{setup.screen_task}, {setup.task} each)")
         self.setup, self.space, self.ex = setup, space, executor
         self.constraints, self.objective = constraints, objective
-        self.book = CellBook(executor.scenario)
+        self.book = CellBook(*(s for s, _ in executor.runs))
         self.baseline = Point(executor.scenario.models[0].dtype)
         if not [kv for kv in space.all_kv() if kv != self.baseline.kv]:
             raise ValueError(f"the tune space holds only the baseline {self.baseline.kv!r}:"
@@ -91,14 +91,18 @@ class Search:
         mine = self.cells.setdefault(point, [])
         mine += [c for c in cells if c not in mine]
 
-    def _summary(self, point: Point):
+    def _summary(self, point: Point, screen: bool = False):
+        """The report's summary of ``point``: from its screen cells (``screen``) or from
+        its other cells -- what the main run, and so ``kvmap report``, holds."""
         run = self.ex.run_data
         by_id = {c["cell_id"]: c for c in run.cells}
-        records = [by_id[c.cell_id] for c in self.cells[point] if c.cell_id in by_id]
-        base = [by_id[c.cell_id] for c in self.cells.get(self.baseline, [])
-                if c.task is not None and c.cell_id in by_id]
-        return summary_of(records, base, run.rows_by_cell, point.kv, self.constraints.slo,
-                          self.ex.scenario.seed)
+
+        def mine(p: Point, tasks_only: bool = False) -> list[dict]:
+            return [by_id[c.cell_id] for c in self.cells.get(p, []) if c.cell_id in by_id
+                    and (c.job == self.setup.screen_task) == screen
+                    and (c.task is not None or not tasks_only)]
+        return summary_of(mine(point), mine(self.baseline, True), run.rows_by_cell,
+                          point.kv, self.constraints.slo, self.ex.scenario.seed)
 
     def _judge(self, point: Point, accuracy_only: bool) -> Verdict:
         skip = tuple(self.constraints.slo) if accuracy_only else ()
@@ -167,9 +171,10 @@ class Search:
 
     def _after(self, point: Point, job: str) -> tuple[str, str]:
         """What the cells of ``point`` so far decide, ``job`` the last one run."""
-        summary = self._summary(point)
+        screen = job == self.setup.screen_task
+        summary = self._summary(point, screen)
         v = verdict(summary, self.constraints, self.objective, tuple(self.constraints.slo))
-        if job == self.setup.screen_task:
+        if screen:
             rejected = self._screen_rejects(summary)
             if rejected:
                 return INACCURATE, rejected
@@ -271,7 +276,8 @@ class Search:
                           self.ex.num_cells, stopped, self.incumbent, dict(self.status))
 
     def recommendation(self) -> Recommendation:
-        """``kvmap.report.recommend`` over every point tried (baseline first)."""
+        """``kvmap.report.recommend`` over every point with a cell in the main run (the
+        baseline first): what ``kvmap report`` judges there."""
         summaries = [renamed(self._summary(p), self._label(p)) for p in self.cells
-                     if self.cells[p]]
+                     if any(c.job != self.setup.screen_task for c in self.cells[p])]
         return recommend(summaries, self.constraints, self.objective)

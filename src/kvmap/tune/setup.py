@@ -3,9 +3,10 @@ bench ``Scenario`` it becomes.
 
 The scenario holds every point of the space as a KV configuration, the one workload and
 the accuracy task twice: ``<task>-screen`` on ``screen_samples`` samples (the early
-rejection) and ``<task>`` on ``num_samples``. Its samples are the first ones of the full
+rejection; run into a run of its own, ``split_screens``) and ``<task>`` on
+``num_samples``. Its samples are the first ones of the full
 task's (the evals tasks draw samples in order from the seed), so a screen is a subset.
-``kvmap bench`` on the same scenario is the exhaustive grid; the tuner runs a few of
+``kvmap bench`` on the scenario without its screens is the exhaustive grid; the tuner runs a few of
 its cells at a time into the same kind of run directory (``executor``).
 """
 from __future__ import annotations
@@ -94,13 +95,25 @@ def build_scenario(setup: TuneSetup, space: TuneSpace, name: str,
     return scenario
 
 
+def split_screens(scenario: Scenario, screen_task: str) -> tuple[Scenario, Scenario]:
+    """``(main, screens)``: the scenario without its screen task -- the exhaustive grid,
+    whose run is the one ``kvmap report`` reads -- and the screen task alone. Screens
+    live in a run of their own (``<run>/screens``) because the report judges a
+    configuration by its worst task: a noisy 2-sample screen beside the full task would
+    overrule the full task's verdict."""
+    main = replace(scenario, tasks=tuple(t for t in scenario.tasks if t.name != screen_task))
+    screens = replace(scenario, name=f"{scenario.name}-screens", workloads=(),
+                      tasks=tuple(t for t in scenario.tasks if t.name == screen_task))
+    return main, screens
+
+
 class CellBook:
     """The scenario's cells by (KV spec, job), and a workload cell at another
     ``max_num_seqs`` (a scenario of its own engine, so its cell id is its own)."""
 
-    def __init__(self, scenario: Scenario):
+    def __init__(self, scenario: Scenario, *others: Scenario):
         self.scenario = scenario
-        self.by_key = {(c.kv, c.job): c for c in scenario.cells()}
+        self.by_key = {(c.kv, c.job): c for s in (scenario, *others) for c in s.cells()}
 
     @property
     def workload(self) -> str:
