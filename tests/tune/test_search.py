@@ -140,3 +140,28 @@ def test_kvmap_report_draws_the_searched_points_and_the_path(tmp_path, stub):
     assert html.count("bisection on streaming_llm budget") == sum(
         "bisection" in s.why for s in result.steps)
     assert f"{result.num_cells} cells (the exhaustive grid of this space: 30)" in html
+
+
+def test_an_sla_no_point_meets_leaves_no_recommendation(tmp_path, stub):
+    tight = Constraints(slo={"ttft_p99_s": 0.05}, max_accuracy_drop_pct=2.0)  # stub: 0.1 s
+    result = _tune(tmp_path, stub, constraints=tight)
+    assert result.incumbent is None and not result.recommendation.feasible
+    assert any("TTFT P99" in s.verdict for s in result.steps)
+    loose = Constraints(slo={"ttft_p99_s": 0.5}, max_accuracy_drop_pct=2.0)
+    assert _tune(tmp_path, type(stub)(), constraints=loose,
+                 name="loose").recommendation.choice == stub.optimum
+
+
+def test_the_time_budget_stops_the_search_before_the_next_cell(tmp_path, stub):
+    from kvmap.tune.executor import BudgetExhausted, Executor
+    scenario = build_scenario(TuneSetup(), SPACE, "t")
+    now = [0.0]
+    ex = Executor([(scenario, tmp_path / "t")], max_cells=100, max_minutes=1.0,
+                  backend=stub.backend(), console=QUIET, clock=lambda: now[0])
+    first, second = scenario.cells()[:2]
+    ex.run([first])
+    now[0] = 61.0
+    assert ex.fits([first]) and not ex.fits([second])    # a stored cell costs nothing
+    with pytest.raises(BudgetExhausted, match="--max-minutes 1.0"):
+        ex.run([second])
+    assert len(stub.ran) == 1
