@@ -124,6 +124,7 @@ def _register_subcommands() -> None:
     from kvmap.plan.sim.command import register as register_simulate
     from kvmap.report.command import register as register_report
     from kvmap.server.command import register as register_serve
+    from kvmap.tune.command import register as register_tune
     register_bench(app)
     register_eval(app)
     register_loadgen(app)
@@ -131,6 +132,7 @@ def _register_subcommands() -> None:
     register_simulate(app)
     register_report(app)
     register_serve(app)
+    register_tune(app)
 
 
 _register_subcommands()

@@ -92,18 +92,19 @@ class _Eta:
 def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  console: Console | None = None, retry_failed: bool = False,
                  show_progress: bool = True, command: list[str] | None = None,
-                 backend: str | CellBackend = "local", address: str | None = None
-                 ) -> RunResult:
+                 backend: str | CellBackend = "local", address: str | None = None,
+                 cells: list[CellSpec] | None = None) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
     ``"ray"`` (cells as Ray tasks; ``address`` names an existing cluster), or a
     ``CellBackend``. ``ValueError`` -- before anything is stored -- for a backend that
-    cannot run the scenario's cells."""
+    cannot run the scenario's cells. ``cells``: run only these (default
+    ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time."""
     t_start = time.perf_counter()
     console = console or Console(stderr=True)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(scenario)
-    cells = scenario.cells()
+    cells = scenario.cells() if cells is None else list(cells)
     if backend == "local" and not address:
         backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
     elif isinstance(backend, str):

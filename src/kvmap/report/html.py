@@ -5,6 +5,7 @@ the page; no external file, so it opens offline in any browser and can be mailed
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -87,7 +88,14 @@ def context(a: Analysis) -> dict:
                          "random_weights": d.random_weights,
                          "feasible": d.recommendation.feasible,
                          "lines": d.recommendation.lines()} for d in a.deployments],
+        "tune": _tune_path(a.run.run_dir),
     }
+
+
+def _tune_path(run_dir: Path) -> dict | None:
+    """The search path a ``kvmap tune`` run stored (``tune.json``); None for a bench run."""
+    path = Path(run_dir) / "tune.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def render(a: Analysis) -> str:
