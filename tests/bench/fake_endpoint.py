@@ -5,6 +5,7 @@
     ok           /health 200, /v1/models lists "fake", completions streamed as SSE
     nostream     answers a streamed completion with one JSON body, not Server-Sent Events
     nologprobs   completions work, but never carry log-probabilities
+    vllmlogprobs refuses echo (400) but answers vLLM's prompt_logprobs: log p = -0.5 - 0.01 id
     othermodel   /v1/models lists only "other-model"; completions 404 for "fake"
     unhealthy    /health and /v1/models answer 503 forever
     exit         prints a line and exits with code 3 at once
@@ -48,6 +49,12 @@ class Handler(BaseHTTPRequestHandler):
                                                          "not found"}})
         n = int(body.get("max_tokens") or 1)
         choice = {"index": 0, "text": " 7" * n, "finish_reason": "length"}
+        if MODE == "vllmlogprobs" and body.get("echo"):
+            return self._json(400, {"error": {"message": "echo is not supported"}})
+        if MODE == "vllmlogprobs" and "prompt_logprobs" in body:
+            choice["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": -0.5 - 0.01 * t, "rank": 1}, "99999": {"logprob": -9.0}}
+                for t in body["prompt"][1:]]
         usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
         if not body.get("stream") or MODE == "nostream":
             return self._json(200, {"choices": [choice], "usage": usage})

@@ -30,7 +30,9 @@ def served_run(tmp_path_factory):
                        "launch": SERVE}],
         "workloads": [{"name": "throughput", "num_requests": 4, "prompt_len": 12,
                        "output_len": 24, "arrival": ["closed:1", "closed:2"]}],
-        "tasks": [{"name": "prompt_ppl", "params": TASK_PARAMS}],
+        "tasks": [{"name": "prompt_ppl", "params": TASK_PARAMS},
+                  {"name": "passkey", "params": {"context_tokens": [384], "depths": [0.5],
+                                                 "num_samples": 1}}],
     }
     path = base / "served.yaml"
     path.write_text(yaml.safe_dump(scenario))
@@ -41,7 +43,7 @@ def served_run(tmp_path_factory):
 def test_the_launched_server_answers_workloads_with_the_in_process_keys(served_run):
     _, result = served_run
     cells = [c for c in result.cells if c["kv"] == "served"]
-    assert [c["status"] for c in cells] == ["ok"] * 3, [c.get("error") for c in cells]
+    assert [c["status"] for c in cells] == ["ok"] * 4, [c.get("error") for c in cells]
     loads = [c["load"]["label"] for c in cells if c["workload"]]
     assert loads == ["closed:1", "closed:2"]
     own = next(c for c in result.cells if c["kv"] == "fp32")
@@ -74,6 +76,17 @@ def test_prompt_perplexity_equals_the_in_process_figure(served_run):
     assert math.isclose(served["metrics"]["ppl"], mine, rel_tol=1e-3)
     ids = [r["sample_id"] for r in served["details"]["per_sample"]]
     assert ids == ["prompt_ppl/48/0", "prompt_ppl/48/1"]
+
+
+def test_retrieval_tasks_run_by_completions(served_run):
+    """Random weights answer nothing right; what is checked is that the grid ran over
+    HTTP: one sample, its prompt as long as asked, an answer judged."""
+    _, result = served_run
+    cell = next(c for c in result.cells if c["task"] == "passkey" and c["kv"] == "served")
+    (sample,) = cell["details"]["per_sample"]
+    assert isinstance(sample["correct"], bool) and isinstance(sample["output"], str)
+    assert 300 < sample["num_prompt_tokens"] <= 384 + 8
+    assert cell["metrics"]["num_samples"] == 1 and cell["metrics"]["grid"]
 
 
 def test_the_report_draws_the_endpoint_beside_the_configurations(served_run):

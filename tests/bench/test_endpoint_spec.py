@@ -136,3 +136,36 @@ def test_memory_comes_from_the_servers_kv_gauge(text, kv_memory, peak, source, n
     out = peak_memory(scrapes, kv_memory)
     assert out["peak_kv_resident_bytes"] == peak and out["kv_memory_source"] == source
     assert (out["kv_memory_note"] is None) if note is None else note in out["kv_memory_note"]
+
+
+@pytest.mark.parametrize("mode, want", [
+    ("vllmlogprobs", [-0.5 - 0.01 * t for t in (20, 30, 40)]),
+    ("nologprobs", "returned no prompt log-probabilities: no prompt log-probabilities for "
+                   "echo"),
+])
+def test_prompt_logprobs_from_echo_or_vllms_extra(mode, want):
+    """A server that refuses ``echo`` but answers vLLM's ``prompt_logprobs`` is read from
+    that; one that gives neither makes the task unavailable, saying what it answered."""
+    import subprocess
+    from pathlib import Path
+
+    from kvmap.bench.endpoint_launch import free_port, is_healthy
+    from kvmap.bench.endpoint_spec import EndpointEntry, EndpointUnavailable
+    from kvmap.bench.endpoint_tasks import EndpointLLM
+    port = free_port()
+    fake = Path(__file__).with_name("fake_endpoint.py")
+    proc = subprocess.Popen([sys.executable, str(fake), "--port", str(port), "--mode", mode])
+    try:
+        import time
+        deadline = time.monotonic() + 30
+        while not is_healthy(f"http://127.0.0.1:{port}", {}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        llm = EndpointLLM(EndpointEntry("fake-ep", f"http://127.0.0.1:{port}", "fake"), None)
+        if isinstance(want, str):
+            with pytest.raises(EndpointUnavailable, match=want):
+                llm.prompt_logprobs([10, 20, 30, 40])
+        else:
+            assert llm.prompt_logprobs([10, 20, 30, 40]) == pytest.approx(want)
+    finally:
+        proc.kill()
+        proc.wait()

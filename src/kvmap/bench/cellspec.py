@@ -27,7 +27,7 @@ class ScenarioError(ValueError):
 @dataclass(frozen=True)
 class ModelEntry:
     name: str                       # "smollm2", a .gguf path, a HF directory, "dummy:<shape>"
-    dtype: str = "bf16"
+    dtype: str | None = "bf16"     # None: an endpoint's model (its server's dtype)
     quantization: str | None = None  # weights: None | int8 | w8a8 | int4 (model/wquant.py)
 
     @property
@@ -187,7 +187,7 @@ class Scenario:
         the workloads, then the tasks, that name it (or name no endpoints)."""
         cells = []
         for ep in self.endpoints:
-            model = ModelEntry(ep.model)
+            model = ModelEntry(ep.model, dtype=None)     # the server's, not known here
             for job in (*self.workloads, *self.tasks):
                 if job.endpoints is None or ep.name in job.endpoints:
                     kind = "workload" if isinstance(job, WorkloadEntry) else "task"

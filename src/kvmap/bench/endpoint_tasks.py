@@ -7,7 +7,8 @@
   ``passkey``, ``needle``, ``qa`` run unchanged;
 - ``prompt_logprobs(ids)``: the prompt's log-probabilities from ``echo: true`` +
   ``logprobs: 0`` with ``max_tokens: 1`` (OpenAI's legacy shape; ``kvmap serve`` and vLLM
-  answer it), for ``prompt_ppl`` (``ppl_definition: prompt_logprobs``);
+  answer it), else vLLM's ``prompt_logprobs: 0`` extra, for ``prompt_ppl``
+  (``ppl_definition: prompt_logprobs``);
 - ``tokenizer``: the endpoint's (``tokenizer:``), which builds the samples;
 - ``engine = None``: the server's pool is not ours to read (no ``kv_bytes_peak``).
 
@@ -86,25 +87,50 @@ class EndpointLLM:
         return outputs
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        """log p(t_j | t_<j), j = 1 .. T-1, from echo + logprobs (``EndpointUnavailable``
-        when the server refuses them or returns none)."""
-        name = self.entry.name
+        """log p(t_j | t_<j), j = 1 .. T-1: from ``echo`` + ``logprobs`` (OpenAI's legacy
+        shape), else from vLLM's ``prompt_logprobs`` extra; ``EndpointUnavailable`` with
+        both answers when the server gives neither."""
+        n = len(token_ids)
         try:
             answer = self._post({"prompt": list(token_ids), "max_tokens": 1, "echo": True,
                                  "logprobs": 0})
+            logprobs = _first_choice(answer, self.entry).get("logprobs") or {}
+            values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+            if isinstance(values, list) and len(values) >= n \
+                    and all(isinstance(v, (int, float)) for v in values[1:n]):
+                return [float(v) for v in values[1:n]]
+            echo = (f"no prompt log-probabilities for echo + logprobs (got "
+                    f"{len(values) if isinstance(values, list) else 0} values for a "
+                    f"{n}-token prompt)")
         except HTTPRefused as e:
-            raise EndpointUnavailable(f"endpoint {name!r} refused prompt log-probabilities "
-                                      f"(echo + logprobs): HTTP {e.status}: "
-                                      f"{e.message[:300]}") from None
-        logprobs = _first_choice(answer, self.entry).get("logprobs") or {}
-        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
-        if not isinstance(values, list) or len(values) < len(token_ids) \
-                or any(v is None for v in values[1:len(token_ids)]):
-            raise EndpointUnavailable(f"endpoint {name!r} returned no prompt "
-                                      "log-probabilities for echo + logprobs (got "
-                                      f"{len(values) if isinstance(values, list) else 0} "
-                                      f"values for a {len(token_ids)}-token prompt)")
-        return [float(v) for v in values[1:len(token_ids)]]
+            echo = f"echo + logprobs refused: {e}"
+        try:
+            answer = self._post({"prompt": list(token_ids), "max_tokens": 1,
+                                 "prompt_logprobs": 0})
+            found = _vllm_prompt_logprobs(_first_choice(answer, self.entry), token_ids)
+        except HTTPRefused as e:
+            found = None
+            echo += f"; prompt_logprobs refused: {e}"
+        if found is None:
+            raise EndpointUnavailable(f"endpoint {self.entry.name!r} returned no prompt "
+                                      f"log-probabilities: {echo}")
+        return found
+
+
+def _vllm_prompt_logprobs(choice: dict, token_ids: list[int]) -> list[float] | None:
+    """vLLM's ``prompt_logprobs``: ``[None, {"<token id>": {"logprob": x, ...}}, ...]``,
+    each entry holding the prompt's own token; None when absent or another shape."""
+    entries = choice.get("prompt_logprobs")
+    if not isinstance(entries, list) or len(entries) < len(token_ids):
+        return None
+    out = []
+    for token_id, entry in zip(token_ids[1:], entries[1:]):
+        found = entry.get(str(token_id)) if isinstance(entry, dict) else None
+        value = found.get("logprob") if isinstance(found, dict) else found
+        if not isinstance(value, (int, float)):
+            return None
+        out.append(float(value))
+    return out
 
 
 class HTTPRefused(RuntimeError):
@@ -159,5 +185,5 @@ def run_endpoint_task(cell: CellSpec, progress: Callable[[float], None]
     run = evaluator.run(llm, samples)
     metrics = {**run.metrics, "endpoint": endpoint_info(entry),
                "peak_kv_resident_bytes": None, "kv_capacity_bytes": entry.kv_memory_bytes,
-               "baseline_kv": entry.baseline or cell.model.dtype}
+               "baseline_kv": entry.baseline}        # None: kvmap's own cell of the dtype
     return metrics, {"per_sample": run.per_sample}
