@@ -31,6 +31,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TextColumn, TimeElapsedColumn)
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
+from kvmap.bench.endpoint_backend import with_endpoints
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
@@ -43,7 +44,7 @@ class RunResult:
     cells: list[dict]             # every stored record, in scenario order
     num_ran: int
     num_skipped: int
-    num_failed: int               # among all stored cells
+    num_failed: int               # among all stored cells ("unavailable" is not failed)
     resumed: bool
     duration_s: float
 
@@ -109,6 +110,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
         backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
+    backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
     backend.open(cells)
     with backend, RunLock(run_dir):     # before anything is read or written there
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
@@ -168,7 +170,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                 t_cell = started.pop(cell.cell_id, t_run)
                 eta.finished(cell, record.get("duration_s") or time.perf_counter() - t_cell)
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
-                mark = "[green]ok[/]" if record["status"] == "ok" else "[red]FAILED[/]"
+                mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
+                    record["status"], "[red]FAILED[/]")
                 remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an
@@ -191,7 +194,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
     records = store.cells()
     return RunResult(run_dir=run_dir, cells=records, num_ran=num_ran,
                      num_skipped=len(cells) - len(todo),
-                     num_failed=sum(c["status"] != "ok" for c in records), resumed=resumed,
+                     num_failed=sum(c["status"] == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
 
 

@@ -119,11 +119,11 @@ def agreement(loadgen_mean_s: float | None, server_mean_s: float | None) -> dict
             "offset_s": loadgen_mean_s - server_mean_s}
 
 
-async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0
-                 ) -> Scrape | None:
-    """Read ``<root>/metrics``; None when the server has none (or it is not Prometheus)."""
+async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0, *,
+                 path: str = "/metrics", headers: dict | None = None) -> Scrape | None:
+    """Read ``<root><path>``; None when the server has none (or it is not Prometheus)."""
     try:
-        async with session.get(f"{root}/metrics",
+        async with session.get(f"{root}{path}", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
@@ -136,13 +136,13 @@ async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5
         return None
 
 
-async def served_models(session: aiohttp.ClientSession, root: str, timeout_s: float = 10.0
-                        ) -> list[dict] | None:
+async def served_models(session: aiohttp.ClientSession, root: str, timeout_s: float = 10.0,
+                        *, headers: dict | None = None) -> list[dict] | None:
     """The ``data`` list of ``<root>/v1/models``; None when unreachable or not that shape.
 
     ``aiohttp.ClientConnectorError`` propagates: the caller says the server is down."""
     try:
-        async with session.get(f"{root}/v1/models",
+        async with session.get(f"{root}/v1/models", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
