@@ -55,6 +55,7 @@ class WorkloadEntry:
     kv: tuple[str, ...] | None = None
     kv_memory: str | int | None = None
     models: tuple[str, ...] | None = None      # the scenario's models this one runs on
+    block_size: int | None = None              # one value of a block-size sweep (block_sweep)
 
     def spec(self, seed: int = 0):
         return workload_spec(self.name, self.options, seed)
@@ -166,6 +167,8 @@ class Scenario:
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)
+                    if w.block_size is not None:
+                        engine = replace(engine, block_size=w.block_size)
                     cells.append(self._cell(model, kv, engine, workload=w, slo=self.slo))
                 for t in self.tasks:
                     if kv not in (t.kv or self.kv) or (t.models is not None

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes, sweep_name
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
                                   ScenarioError, TaskEntry, WorkloadEntry)
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
@@ -24,7 +25,7 @@ MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
-BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", BLOCK_SIZE_KEY}
 TASK_KEYS = {"name", "task", "params", "kv", "models"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
@@ -297,8 +298,13 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         except ValueError as e:
             problems.add(where, str(e))
             continue
-        entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
-                                  kv_memory, models) for level, load in levels]
+        sizes = parse_block_sizes(item.get(BLOCK_SIZE_KEY), where, problems)
+        named = [(name, None)] if sizes is None else \
+            [(sweep_name(name, b) if isinstance(item[BLOCK_SIZE_KEY], list) else name, b)
+             for b in sizes]
+        entries += [WorkloadEntry(label, level, load.to_dict() if load else None, kv,
+                                  kv_memory, models, size)
+                    for label, size in named for level, load in levels]
     return entries
 
 
