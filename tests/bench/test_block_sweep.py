@@ -109,3 +109,14 @@ def test_each_block_size_runs_at_its_size_and_records_it(tmp_path):
         assert m["kv_block_size"] == size
         assert m["kv_capacity_tokens"] == m["num_kv_blocks"] * size == 256   # fp32: 2x bf16
         assert m["kv_waste_bytes_max"] >= m["kv_waste_bytes_mean"] >= 0     # measured keys
+
+
+def test_the_example_scenario_sweeps_block_sizes_and_runs_the_builtin_qa():
+    from pathlib import Path
+    path = Path(__file__).parents[2] / "examples" / "block-sizes.yaml"
+    cells = load_scenario(path).cells()
+    sweep = [(c.kv, c.engine.block_size) for c in cells if c.kind == "workload"]
+    assert sweep == [(kv, b) for kv in ("bf16", "int8") for b in (8, 16, 32, 64)]
+    qa = [c for c in cells if c.kind == "task"]
+    assert [c.kv for c in qa] == ["bf16", "int8", "snapkv(budget=0.25)"]
+    assert all(c.task.task == "qa" and "data_path" not in c.task.params for c in qa)

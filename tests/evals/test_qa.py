@@ -136,3 +136,12 @@ def test_qa_without_a_file_runs_the_builtin_set_on_the_tiny_model():
     assert len(samples) == DEFAULT_NUM_QUESTIONS
     assert {item.context_tokens for item, _ in samples} == set(DEFAULT_CONTEXT_TOKENS)
     assert all(item.answer_prefix for item, _ in samples)
+
+
+def test_builtin_context_is_checked_against_the_model_before_it_runs():
+    assert QATask(EvalOptions(context_tokens=(300, 900))).max_tokens_needed() == 900 + 64 + 16
+    built: list[str] = []
+    with pytest.raises(ValueError, match=r"context=\[600\]: task 'qa' needs sequences of"):
+        evaluate("qa", ["fp32"], EvalOptions(context_tokens=(600,)), dtype="fp32",
+                 make_llm=tiny_factory(built))
+    assert built == ["fp32"]           # the check needs the model's config: right after it

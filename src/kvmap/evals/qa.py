@@ -40,11 +40,13 @@ import numpy as np
 
 from kvmap.evals.base import TASKS, Column, Task, TaskRun, load_jsonl_items
 from kvmap.evals.kv_peak import track_peak_kv_bytes
-from kvmap.evals.qa_builtin import DEFAULT_NUM_QUESTIONS, builtin_records
+from kvmap.evals.qa_builtin import (DEFAULT_CONTEXT_TOKENS, DEFAULT_NUM_QUESTIONS,
+                                    builtin_records)
 from kvmap.evals.stats import accuracy_metrics, paired_delta, paired_values
 from kvmap.request import SamplingParams
 
 ANSWER_TOKENS = 16
+BUILTIN_PROMPT_TOKENS = 64       # beside a built-in context: template, instruction, question
 INSTRUCTION = "Answer with a few words copied from the text above."
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -141,7 +143,12 @@ class QATask(Task):
         self.items = load_qa(options.data_path)[:options.num_samples]
 
     def max_tokens_needed(self, samples: list | None = None) -> int:
-        return 0 if samples is None else max(n for _, n in samples) + ANSWER_TOKENS
+        if samples is not None:
+            return max(n for _, n in samples) + ANSWER_TOKENS
+        if self.items is None:                  # built-in: its longest context and the rest
+            longest = max(self.options.context_tokens or DEFAULT_CONTEXT_TOKENS)
+            return longest + BUILTIN_PROMPT_TOKENS + ANSWER_TOKENS
+        return 0
 
     def prepare(self, tokenizer) -> list[tuple[QAItem, int]]:
         """``(item, prompt tokens)`` per question; the prompt is built in ``run``."""
