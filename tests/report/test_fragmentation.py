@@ -8,8 +8,9 @@ from kvmap.report.fragmentation import (HEADERS, formatted, fragmentation_rows,
 
 
 def cell(kv, workload, block_size, tput, tbt_p50_s, waste_max, waste_mean, share, *,
-         load=None, status="ok", model="smollm2", record_size=True):
-    metrics = {"output_throughput_tok_s": tput, "tbt_s": {"p50": tbt_p50_s},
+         load=None, status="ok", model="smollm2", record_size=True,
+         tput_key="output_throughput_tok_s"):
+    metrics = {tput_key: tput, "tbt_s": {"p50": tbt_p50_s},
                "kv_waste_bytes_max": waste_max, "kv_waste_bytes_mean": waste_mean,
                "kv_waste_share_mean": share}
     if record_size:
@@ -25,7 +26,8 @@ def test_rows_group_by_configuration_and_level_relative_to_16():
         cell("bf16", "frag@bs16", 16, 100.0, 0.016, 2000, 800, 0.04),
         cell("bf16", "frag@bs64", 64, 110.0, 0.012, 8000, 3200, 0.16),
         cell("int8", "frag@bs8", 8, 50.0, 0.040, 500, 200, 0.02, record_size=False),
-        cell("int8", "frag@bs32", 32, 80.0, 0.030, 2000, 900, 0.08),
+        cell("int8", "frag@bs32", 32, 80.0, 0.030, 2000, 900, 0.08,
+             tput_key="output_tokens_per_s"),                          # the older name
         cell("bf16", "plain", 16, 1.0, 0.1, 1, 1, 0.5),                 # no sweep: no row
         cell("bf16", "frag@bs32", 32, 1.0, 0.1, 1, 1, 0.5, status="failed"),
     ]

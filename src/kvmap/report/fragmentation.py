@@ -50,6 +50,11 @@ def _block_size(cell: dict) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+def _throughput(metrics: dict) -> float | None:
+    """As ``report.configs`` reads it: the contract's key, else the older name."""
+    return metrics.get("output_throughput_tok_s", metrics.get("output_tokens_per_s"))
+
+
 def _ratio(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
 
@@ -72,12 +77,12 @@ def fragmentation_rows(cells: list[dict]) -> list[FragmentationRow]:
     for (model, quant, kv, workload, load), by_size in groups.items():
         sizes = sorted(by_size)
         ref = REFERENCE_BLOCK_SIZE if REFERENCE_BLOCK_SIZE in by_size else sizes[0]
-        ref_tput = by_size[ref].get("output_throughput_tok_s")
+        ref_tput = _throughput(by_size[ref])
         ref_tbt = (by_size[ref].get("tbt_s") or {}).get("p50")
         label = f"{quant} weights + {kv}" if quant else kv
         for size in sizes:
             m = by_size[size]
-            tput, tbt = m.get("output_throughput_tok_s"), (m.get("tbt_s") or {}).get("p50")
+            tput, tbt = _throughput(m), (m.get("tbt_s") or {}).get("p50")
             rows.append(FragmentationRow(
                 f"{model}: {label}" if several_models else label, workload, load, size,
                 m.get("kv_waste_bytes_max"), m.get("kv_waste_bytes_mean"),
