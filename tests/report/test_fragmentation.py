@@ -68,3 +68,26 @@ def test_formatting_and_missing_figures():
     assert formatted(rows[1])[2:] == ["32", "0 B", "0 B", "0.0%", "7.0", "-", "500.0", "-"]
     assert fragmentation_table([cell("bf16", "plain", 16, 1.0, 0.1, 1, 1, 0.5)]) is None
     assert fragmentation_table([cell("bf16", "f@bs16", 16, 1.0, 0.1, 1, 1, 0.5)]).row_count == 1
+
+
+def test_the_report_shows_the_table_in_the_terminal_and_the_html(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvmap.cli import app
+    from tests.report.conftest import _workload, store_run
+    sweep = []
+    for size, gap_s in ((8, 0.06), (16, 0.05)):
+        record, rows = _workload("bf16", gap_s, 0.2, 40 << 20, 1000, 2.0)
+        record.update(cell_id=f"bf16-chat-bs{size}", workload=f"chat@bs{size}")
+        record["metrics"].update(kv_block_size=size, kv_waste_bytes_max=size * 1024,
+                                 kv_waste_bytes_mean=size * 512, kv_waste_share_mean=0.01)
+        sweep.append((record, rows))
+    run = store_run(tmp_path / "run", sweep, {"name": "frag", "slo": {"ttft_p99_s": 5.0}})
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "fragmentation: internal KV waste against block size" in result.output
+    assert "16 (ref)" in result.output and "8.0 KiB" in result.output
+    html = (run / "report.html").read_text()
+    table = html[html.index('<table id="fragmentation">'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<tr>") == 3 and "16 (ref)" in table and "16.0 KiB" in table
