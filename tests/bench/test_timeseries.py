@@ -51,6 +51,19 @@ def test_snapshot_waste_exact():
     assert req.num_kv_slots == 10 and snap["kv_waste_bytes"] == 2 * per_slot
 
 
+def test_snapshot_during_a_prefill_counts_the_chunk_as_held():
+    """Between scheduling and the forward pass a prompt's blocks are allocated and its
+    slots not yet counted: the waste is the last block's empty tail, not the prompt."""
+    engine = make_tiny_llm().engine
+    from kvmap.request import SamplingParams
+    engine.add_request([1] * 10, SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.scheduler.schedule()              # what step() does before the forward pass
+    (req,) = engine.scheduler.running
+    per_slot = engine.kv.bytes_per_block // engine.kv.block_size
+    assert req.num_kv_slots == 0 and len(req.block_ids) == 3
+    assert snapshot(engine)["kv_waste_bytes"] == 2 * per_slot
+
+
 def test_time_weighted_mean():
     assert time_weighted_mean([0.0, 1.0, 3.0], [4.0, 1.0, 9.0]) == pytest.approx(2.0)
     assert time_weighted_mean([], []) is None

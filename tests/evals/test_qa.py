@@ -7,7 +7,9 @@ import json
 import pytest
 
 from kvmap.evals import EvalOptions, evaluate
-from kvmap.evals.qa import exact_match, load_qa, normalize_answer, token_f1
+from kvmap.evals.qa import QATask, exact_match, load_qa, normalize_answer, token_f1
+from kvmap.evals.qa_builtin import (DEFAULT_CONTEXT_TOKENS, DEFAULT_NUM_QUESTIONS,
+                                    FACTS_PER_CONTEXT, RELATIONS, builtin_records)
 from tests.evals.test_evals import tiny_factory, write_jsonl
 from tests.evals.test_records_and_rates import ChatByteTokenizer
 
@@ -76,10 +78,70 @@ def test_qa_task_end_to_end_on_a_file_and_built_in(tmp_path):
 
 def test_qa_bad_file_fails_before_any_model_loads(tmp_path):
     built: list[str] = []
-    with pytest.raises(ValueError, match="needs a data file"):
-        evaluate("qa", ["fp32"], EvalOptions(), dtype="fp32", make_llm=tiny_factory(built))
     path = write_jsonl(tmp_path / "qa.jsonl", [{"context": "c", "question": "q"}])
     with pytest.raises(ValueError, match="qa.jsonl:1: missing field 'answers'"):
         evaluate("qa", ["fp32"], EvalOptions(data_path=path), dtype="fp32",
                  make_llm=tiny_factory(built))
+    good = write_jsonl(tmp_path / "good.jsonl", [{"context": "c", "question": "q?",
+                                                   "answers": ["a"]}])
+    with pytest.raises(ValueError, match="--context: task 'qa' takes its contexts from"):
+        evaluate("qa", ["fp32"], EvalOptions(data_path=good, context_tokens=(300,)),
+                 dtype="fp32", make_llm=tiny_factory(built))
+    bad_prefix = write_jsonl(tmp_path / "p.jsonl", [{"context": "c", "question": "q?",
+                                                      "answers": ["yes"], "answer_prefix": 3}])
+    with pytest.raises(ValueError, match="p.jsonl:1: 'answer_prefix' must be a string"):
+        load_qa(bad_prefix)
     assert built == []
+
+
+def test_builtin_records_are_spans_of_their_context_by_code():
+    tok = ChatByteTokenizer()
+    records = builtin_records(tok, context_tokens=(200, 400), num_questions=10, seed=3)
+    assert records == builtin_records(tok, context_tokens=(200, 400), num_questions=10,
+                                      seed=3)                          # pure in its inputs
+    assert records != builtin_records(tok, context_tokens=(200, 400), num_questions=10,
+                                      seed=4)
+    assert [r["context_tokens"] for r in records] == [200, 400] * 5
+    by_name = {r.name: r for r in RELATIONS}
+    for r in records:
+        (answer,) = r["answers"]
+        relation = by_name[r["relation"]]
+        key = r["answer_prefix"][len(relation.answer_prefix.split("{k}")[0]):
+                                 len(r["answer_prefix"]) - len(relation.answer_prefix
+                                                                .split("{k}")[1])]
+        # the asked fact is stated once, word for word, in the context; the answer is its span
+        fact = relation.fact.format(k=key, v=answer)
+        assert r["context"].count(fact) == 1 and answer in r["context"]
+        assert r["question"] == relation.question.format(k=key)
+        assert r["answer_prefix"] == relation.answer_prefix.format(k=key)
+        # FACTS_PER_CONTEXT facts of distinct relations: the others are distractors
+        stated = [x for x in RELATIONS if x.fact.split("{k}")[0] in r["context"]]
+        assert len(stated) >= FACTS_PER_CONTEXT
+        assert 0.5 * r["context_tokens"] < len(tok.encode(r["context"])) \
+            < 1.2 * r["context_tokens"]
+    assert len({r["relation"] for r in records}) > 2
+    with pytest.raises(ValueError, match="context=40 tokens leaves no room"):
+        builtin_records(tok, context_tokens=(40,), num_questions=1)
+
+
+def test_qa_without_a_file_runs_the_builtin_set_on_the_tiny_model():
+    result = evaluate("qa", ["fp32"], EvalOptions(context_tokens=(220,), num_samples=3),
+                      dtype="fp32", make_llm=chat_factory)
+    records = result["results"][0]["per_sample"]
+    assert [r["sample_id"] for r in records] == ["qa/0", "qa/1", "qa/2"]
+    assert all(r["context_tokens"] == 220 and r["num_prompt_tokens"] > 220 for r in records)
+    assert result["results"][0]["metrics"]["num_samples"] == 3
+    defaults = QATask(EvalOptions())
+    samples = defaults.prepare(ChatByteTokenizer())
+    assert len(samples) == DEFAULT_NUM_QUESTIONS
+    assert {item.context_tokens for item, _ in samples} == set(DEFAULT_CONTEXT_TOKENS)
+    assert all(item.answer_prefix for item, _ in samples)
+
+
+def test_builtin_context_is_checked_against_the_model_before_it_runs():
+    assert QATask(EvalOptions(context_tokens=(300, 900))).max_tokens_needed() == 900 + 64 + 16
+    built: list[str] = []
+    with pytest.raises(ValueError, match=r"context=\[600\]: task 'qa' needs sequences of"):
+        evaluate("qa", ["fp32"], EvalOptions(context_tokens=(600,)), dtype="fp32",
+                 make_llm=tiny_factory(built))
+    assert built == ["fp32"]           # the check needs the model's config: right after it

@@ -45,7 +45,7 @@ def kv_info(llm, cell: CellSpec) -> dict:
     _, budget_tokens = parse_kv_memory(cell.engine.kv_memory) \
         if cell.engine.num_blocks is None else (None, None)
     return {"kv_bytes_per_token": kv.bytes_per_block / kv.block_size,
-            "kv_bytes_per_block": kv.bytes_per_block,
+            "kv_bytes_per_block": kv.bytes_per_block, "kv_block_size": kv.block_size,
             "kv_capacity_bytes": kv.bytes_per_block * kv.pool.num_blocks,
             "kv_capacity_tokens": kv.pool.num_blocks * kv.block_size,
             "kv_budget_tokens_bf16": budget_tokens,

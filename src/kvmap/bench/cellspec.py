@@ -59,6 +59,7 @@ class WorkloadEntry:
     models: tuple[str, ...] | None = None      # the scenario's models this one runs on
     slo: dict | None = None                    # its own SLA (normalized keys, seconds)
     endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
+    block_size: int | None = None              # one value of a block-size sweep (block_sweep)
 
     def spec(self, seed: int = 0):
         return workload_spec(self.name, self.options, seed)
@@ -175,6 +176,8 @@ class Scenario:
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)
+                    if w.block_size is not None:
+                        engine = replace(engine, block_size=w.block_size)
                     cells.append(self._cell(model, kv, engine, workload=w,
                                             slo=w.slo or self.slo))
                 for t in self.tasks:
@@ -241,6 +244,6 @@ def _drop_unset_endpoints(data: dict) -> None:
     for jobs in (data.get("workloads") or [], data.get("tasks") or [],
                  [data.get("workload") or {}, data.get("task") or {}]):
         for job in jobs:
-            for key in ("endpoints", "slo"):
+            for key in ("endpoints", "slo", "block_size"):
                 if isinstance(job, dict) and key in job and job[key] is None:
                     job.pop(key)

@@ -6,6 +6,9 @@ holds at least one request of each workload at each configuration's bytes per to
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from kvmap.bench.block_sweep import check_block_size
 from kvmap.bench.cellspec import ModelEntry, TaskEntry, WorkloadEntry
 from kvmap.config import EngineArgs, ModelConfig, parse_kv_memory
 
@@ -35,9 +38,15 @@ def check_models(models: list[ModelEntry], kv: list[str], engine: EngineArgs,
                 problems.add(f"workloads ({w.name})",
                              f"prompts of up to {longest} tokens do not fit the context of "
                              f"model {model.name!r} ({context} tokens)")
-            elif block_ok and w.name not in budget_checked:
+            elif w.name not in budget_checked:
                 budget_checked.add(w.name)
-                _check_budget(model, config, w, w.kv or kv, engine, problems, seed)
+                if w.block_size is not None and not _block_size_ok(model, config, w, kv,
+                                                                   engine, problems):
+                    continue
+                w_engine = engine if w.block_size is None else \
+                    replace(engine, block_size=w.block_size)
+                if block_ok:
+                    _check_budget(model, config, w, w.kv or kv, w_engine, problems, seed)
         for t in tasks:
             if model.is_dummy and t.is_accuracy_task:
                 continue                              # not run: n/a
@@ -62,6 +71,16 @@ def _check_geometry(model: ModelEntry, config: ModelConfig, kv: list[str],
             KVConfig.parse(spec).codec.validate_geometry(geom)
         except ValueError as e:
             problems.add(f"kv[{j}]", f"{e} (model {model.name!r})")
+
+
+def _block_size_ok(model: ModelEntry, config: ModelConfig, w: WorkloadEntry, kv: list[str],
+                   engine: EngineArgs, problems) -> bool:
+    """The block size of one entry of a block-size sweep against the model and pool."""
+    kv_memory = w.kv_memory if w.kv_memory is not None else engine.kv_memory
+    return all(check_block_size(w.block_size, config.max_position_embeddings,
+                                pool_tokens(config, spec, kv_memory, w.block_size, model.dtype),
+                                f"workloads ({w.name}).block_size", model.name, spec, problems)
+               for spec in (w.kv or kv))
 
 
 def pool_tokens(config: ModelConfig, spec: str, kv_memory, block_size: int,

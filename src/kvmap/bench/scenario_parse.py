@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes, sweep_name
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
                                   ScenarioError, TaskEntry, WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
@@ -26,7 +27,8 @@ MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
-BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "slo", "endpoints"}
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "slo", "endpoints",
+                                      BLOCK_SIZE_KEY}
 TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
@@ -304,8 +306,13 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             problems.add(where, str(e))
             continue
         chosen = parse_endpoint_filter(item, where, list(endpoints), problems)
-        entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
-                                  kv_memory, models, slo, chosen) for level, load in levels]
+        sizes = parse_block_sizes(item.get(BLOCK_SIZE_KEY), where, problems)
+        named = [(name, None)] if sizes is None else \
+            [(sweep_name(name, b) if isinstance(item[BLOCK_SIZE_KEY], list) else name, b)
+             for b in sizes]
+        entries += [WorkloadEntry(label, level, load.to_dict() if load else None, kv,
+                                  kv_memory, models, slo, chosen, block_size=size)
+                    for label, size in named for level, load in levels]
     return entries
 
 

@@ -24,8 +24,11 @@ PERIOD_S = 0.1
 def kv_waste(engine):
     """Internal waste of the running sequences now (``kvmap.kv.fragmentation.Waste``)."""
     kv, bs = engine.kv, engine.kv.block_size
-    # clamped: a request being preempted may have lost its blocks but not yet its count
-    held = [(n, min(r.num_kv_slots, n * bs)) for r in list(engine.scheduler.running)
+    # clamped: a request being preempted may have lost its blocks but not yet its count.
+    # Prompt tokens not yet computed hold the slots allocated for them: a sample taken
+    # during a prefill's forward pass must not count the chunk being written as waste.
+    held = [(n, min(r.num_kv_slots + max(0, len(r.prompt_token_ids) - r.num_computed_tokens),
+                    n * bs)) for r in list(engine.scheduler.running)
             for n in [len(r.block_ids)]]
     return internal_waste(held, bs, kv.bytes_per_block)
 

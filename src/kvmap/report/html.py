@@ -13,6 +13,8 @@ import jinja2
 
 from kvmap.report import interactive, plots
 from kvmap.report.analysis import Analysis
+from kvmap.report.fragmentation import HEADERS as FRAGMENTATION_HEADERS
+from kvmap.report.fragmentation import formatted, fragmentation_rows
 from kvmap.report.intervals import METHOD
 from kvmap.report.recommend import fmt, slo_text
 from kvmap.report.table import metric_rows, slug
@@ -82,6 +84,8 @@ def context(a: Analysis) -> dict:
         "capacities": [(c.name, c.capacity.describe()) for c in a.configs if c.capacity],
         "checklist_configs": names, "checklist_rows": checklist_rows,
         "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
+        "fragmentation_headers": FRAGMENTATION_HEADERS,
+        "fragmentation_rows": [formatted(r) for r in fragmentation_rows(a.run.cells)],
         "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,
         "deployments": [{"workload": d.workload, "slug": slug(d.workload),
                          "slo_source": d.slo_source, "slo_text": slo_text(d.slo),

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from kvmap.config import format_bytes
 from kvmap.report.analysis import Analysis
+from kvmap.report.fragmentation import fragmentation_table
 from kvmap.report.pareto import pareto_front
 from kvmap.report.table import rate_with_ci
 
@@ -97,8 +98,9 @@ def checklist_table(a: Analysis, config: str | None = None) -> Table:
 
 
 def summary(a: Analysis) -> Group:
-    return Group(tradeoff_table(a), recommendation_text(a), deployments_text(a),
-                 checklist_table(a))
+    fragmentation = fragmentation_table(a.run.cells)
+    return Group(tradeoff_table(a), *([fragmentation] if fragmentation else []),
+                 recommendation_text(a), deployments_text(a), checklist_table(a))
 
 
 def constraint_table(a: Analysis) -> Table:
