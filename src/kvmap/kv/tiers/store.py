@@ -60,6 +60,7 @@ class StoreStats:
 
     num_demoted_blocks: int = 0       # pool blocks written to the top level
     num_demotes_skipped: int = 0      # ... that the top level already held
+    num_soft_evicted_blocks: int = 0  # blocks a policy dropped, kept in its evict_to level
     num_promoted_blocks: int = 0      # tier blocks copied into the pool
     num_fetched_tokens: int = 0
     num_recomputed_tokens: int = 0    # tokens a tier held but that were recomputed
@@ -141,19 +142,39 @@ class TieredStore:
             raise
 
     # ---- demotion ---------------------------------------------------------------------
-    def demote(self, block_id: int, block_hash: bytes) -> None:
-        """The pool is about to reuse cached block ``block_id``: keep a copy in the top
-        level. Never raises for a storage fault (a failed put is counted by the tier)."""
-        top = self.levels[0]
+    def demote(self, block_id: int, block_hash: bytes, level_name: str | None = None) -> bool:
+        """The pool is about to reuse cached block ``block_id`` (or a selection policy to
+        rewrite it, ``evict_to``): keep a copy in the top level, or in the level named
+        ``level_name``. True if that level holds it afterwards. Never raises for a
+        storage fault (a failed put is counted by the tier)."""
+        level = self.levels[0] if level_name is None else self.level(level_name)
         with self.lock:
-            if top.tier.contains(block_hash):
+            if level.tier.contains(block_hash):
                 self.stats.num_demotes_skipped += 1
-                return
+                return True
             start_s = time.perf_counter()
-            data = self.frames.encode_pool_block(block_id, top.codec)
-            if top.tier.put(block_hash, data):
+            data = self.frames.encode_pool_block(block_id, level.codec)
+            stored = level.tier.put(block_hash, data)
+            if stored:
                 self.stats.num_demoted_blocks += 1
             self.stats.demote_s += time.perf_counter() - start_s
+            return stored
+
+    def keep_evicted(self, block_id: int, block_hash: bytes, level_name: str) -> bool:
+        """Soft eviction: a selection policy is about to rewrite or drop block
+        ``block_id`` (prefix hash ``block_hash``); keep a copy in level ``level_name``.
+        True if that level holds it afterwards."""
+        kept = self.demote(block_id, block_hash, level_name)
+        self.stats.num_soft_evicted_blocks += kept
+        return kept
+
+    def level(self, name: str) -> Level:
+        """The level named ``name`` (``host``, ``disk``, ``redis``)."""
+        for level in self.levels:
+            if level.tier.name == name:
+                return level
+        raise ValueError(f"no tier level {name!r}; this store has "
+                         f"{', '.join(lv.tier.name for lv in self.levels)}")
 
     def _demote_frame(self, index: int, key: Key, data: bytes) -> None:
         """Level ``index``'s victim goes one level down, re-encoded if the codec changes."""
