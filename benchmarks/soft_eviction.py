@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--conversations", type=int, default=8)
-    ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--budget", type=float, default=0.25)
     ap.add_argument("--host", default="1GiB")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)

@@ -141,9 +141,10 @@ def test_a_later_request_sees_the_full_prefix_again(policy, soft, codec):
     llm.engine.close()
 
 
+@pytest.mark.parametrize("window", [4, 16])     # 16: the next message is shorter
 @pytest.mark.parametrize("tiers", [True, False], ids=["tiers", "no-tiers"])
-def test_the_next_turn_continues_from_the_compacted_state(tiers):
-    spec = "snapkv(budget=8,window=4,kernel=3)+fp32" + (f"+{TIERS}" if tiers else "")
+def test_the_next_turn_continues_from_the_compacted_state(tiers, window):
+    spec = f"snapkv(budget=8,window={window},kernel=3)+fp32" + (f"+{TIERS}" if tiers else "")
     llm = policy_llm(spec, num_blocks=24)
     engine = llm.engine
     turn1 = llm.generate([PROMPT], GREEDY)[0]

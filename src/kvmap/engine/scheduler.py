@@ -167,9 +167,11 @@ class Scheduler:
         # never take the last token from the cache: it must be computed to get logits;
         # nor the last min_last_chunk tokens, a policy's observation window (its
         # queries score the prompt in the chunk that completes it)
-        max_tokens = max(0, req.num_tokens - self.min_last_chunk)
-        if self.compacted is not None and self._take_compacted(req, max_tokens):
+        # (a compacted state is taken up to the last token: what follows it, the next
+        # user message, is then the whole observation window)
+        if self.compacted is not None and self._take_compacted(req, req.num_tokens - 1):
             return
+        max_tokens = max(0, req.num_tokens - self.min_last_chunk)
         hashes = block_hashes(req.token_ids[:max_tokens], self.block_size, self.prefix_salt)
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
