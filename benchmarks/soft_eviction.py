@@ -1,12 +1,13 @@
 """Soft vs hard eviction over a multi-turn conversation (SmolLM2-135M, bf16 weights,
 int8 KV, a host tier): later-turn passkey accuracy and TTFT, against the full cache.
 
-Each conversation is one document (~``--context`` tokens) holding ``--turns`` needles
-("The special magic number for <city> is <5 digits>.") at spread depths; turn t asks for
-needle t. The layout is ``kvmap.workloads``' multi-turn one -- turn t's prompt is turn
-t-1's prompt + its reply + the next user message -- with the model's own replies (what a
-chat client sends back), so a turn's prompt starts with every token the last one
-computed. Configurations, side by side (each conversation runs on every engine in turn,
+Each conversation is one document (~``--context`` tokens) holding one needle ("The
+special magic number for <city> is <5 digits>.", RULER wording) at a random depth. Turn
+0 asks something else ("what is the text above about?"); turns 1.. ask for the number.
+The layout is ``kvmap.workloads``' multi-turn one -- turn t's prompt is turn t-1's prompt
++ its reply + the next user message -- with the model's own replies (what a chat client
+sends back), so a turn's prompt starts with every token the last one computed.
+Configurations, side by side (each conversation runs on every engine in turn,
 so all see the same machine load):
 
   full            int8 + tiers(host): the whole cache, prefix-cached across turns
@@ -21,7 +22,7 @@ so all see the same machine load):
 
 Prints a table and writes one JSON record under benchmarks/results/.
 
-    .venv/bin/python benchmarks/soft_eviction.py                   # 2k tokens, 8 x 3 turns
+    .venv/bin/python benchmarks/soft_eviction.py                   # 2k tokens, 8 conversations x 3 turns
     .venv/bin/python benchmarks/soft_eviction.py --conversations 2 --context 1024   # quick
 """
 from __future__ import annotations
@@ -36,12 +37,15 @@ from common import write_record  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.evals.kv_peak import track_peak_kv_bytes  # noqa: E402
-from kvmap.evals.retrieval import ANSWER_TOKENS, needle_prompt  # noqa: E402
+from kvmap.evals.retrieval import (  # noqa: E402
+    ANSWER_TOKENS, insert_sentences, needle_sentence)
 from kvmap.evals.stats import wilson_interval  # noqa: E402
 from kvmap.workloads.builders import CITIES  # noqa: E402
 from kvmap.workloads.corpus import encode_text, paragraphs, take_tokens  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+DISTRACTOR_TOKENS = 16        # turn 0's reply: a short sentence
 
 
 def configs(budget: float, host: str) -> dict[str, dict]:
@@ -55,17 +59,22 @@ def configs(budget: float, host: str) -> dict[str, dict]:
     }
 
 
-def conversation(tokenizer, context: int, turns: int, seed: int, index: int):
-    """(document prompt ids asking needle 0, [(city, key)] in asking order)."""
+DISTRACTOR = "\n\nIn one short sentence, what is the text above about?"
+
+
+def conversation(tokenizer, context: int, seed: int, index: int):
+    """(turn 0's prompt ids, city, key): a document of about ``context`` tokens holding
+    one needle at a random depth, and a first question about something else."""
     rng = np.random.default_rng([seed, index])
-    cities = [CITIES[i] for i in rng.choice(len(CITIES), turns, replace=False)]
-    keys = [str(int(k)) for k in rng.integers(10_000, 100_000, turns)]
-    depths = list(rng.permutation(np.linspace(0.15, 0.85, turns)))
+    city = CITIES[int(rng.integers(len(CITIES)))]
+    key = str(int(rng.integers(10_000, 100_000)))
+    depth = float(rng.uniform(0.1, 0.9))
     start = int(rng.integers(len(paragraphs(None))))
-    needles = [(float(d), c, k) for d, c, k in zip(depths, cities, keys)]
-    overhead = len(encode_text(tokenizer, needle_prompt("", needles))) + 4 * turns
+    intro = "A special magic number is hidden in the following text. Memorize it."
+    overhead = len(encode_text(tokenizer, intro + needle_sentence(city, key) + DISTRACTOR)) + 4
     document = take_tokens(tokenizer, context - overhead, start_paragraph=start)
-    return encode_text(tokenizer, needle_prompt(document, needles)), list(zip(cities, keys))
+    body = insert_sentences(document, [(depth, needle_sentence(city, key))])
+    return encode_text(tokenizer, f"{intro}\n\n{body}{DISTRACTOR}"), city, key
 
 
 def question_ids(tokenizer, city: str) -> list[int]:
@@ -73,20 +82,24 @@ def question_ids(tokenizer, city: str) -> list[int]:
                                   f"The special magic number for {city} is")
 
 
-def run_conversation(llm, first_ids, asks, tokenizer) -> list[dict]:
-    """Every turn of one conversation on ``llm``; one row per turn."""
-    params = SamplingParams(max_tokens=ANSWER_TOKENS)
+def run_conversation(llm, first_ids, city, key, turns, tokenizer) -> list[dict]:
+    """Every turn of one conversation on ``llm``, one row per turn: turn 0 asks the
+    distractor (its reply is not scored), turns 1.. ask for the key."""
     ids, rows = list(first_ids), []
-    for turn, (city, key) in enumerate(asks):
+    for turn in range(turns):
         if turn:
             ids = ids + question_ids(tokenizer, city)
+        params = (SamplingParams(max_tokens=ANSWER_TOKENS) if turn else
+                  SamplingParams(max_tokens=DISTRACTOR_TOKENS, ignore_eos=True))
         engine = llm.engine
         before = engine.num_prefill_tokens
         out = llm.generate([ids], params)[0]
-        rows.append({"turn": turn, "prompt_tokens": len(ids), "ttft_s": out.metrics.ttft_s,
+        # an answer that is EOS at once has no first token: its time to finish instead
+        ttft_s = out.metrics.ttft_s if out.metrics.ttft_s is not None else out.metrics.e2e_s
+        rows.append({"turn": turn, "prompt_tokens": len(ids), "ttft_s": ttft_s,
                      "cached_tokens": out.metrics.num_cached_prompt_tokens,
                      "computed_tokens": engine.num_prefill_tokens - before,
-                     "correct": key in out.text, "output": out.text})
+                     "correct": key in out.text if turn else None, "output": out.text})
         ids = ids + out.token_ids                       # the model's own reply
     return rows
 
@@ -95,8 +108,10 @@ def summarize(rows: list[dict], turns: int) -> list[dict]:
     out = []
     for t in range(turns):
         r = [x for x in rows if x["turn"] == t]
-        k = sum(x["correct"] for x in r)
-        out.append({"turn": t, "accuracy": k / len(r), "accuracy_ci95": wilson_interval(k, len(r)),
+        k = sum(bool(x["correct"]) for x in r)
+        scored = t > 0                                  # turn 0 is the distractor
+        out.append({"turn": t, "accuracy": k / len(r) if scored else None,
+                    "accuracy_ci95": wilson_interval(k, len(r)) if scored else None,
                     "n": len(r), "ttft_s_median": statistics.median(x["ttft_s"] for x in r),
                     "cached_tokens_mean": statistics.mean(x["cached_tokens"] for x in r),
                     "computed_tokens_mean": statistics.mean(x["computed_tokens"] for x in r)})
@@ -120,14 +135,15 @@ def main() -> None:
     rows = {name: [] for name in llms}
     peaks = {name: 0 for name in llms}
     for c in range(args.conversations):
-        first_ids, asks = conversation(tokenizer, args.context, args.turns, args.seed, c)
+        first_ids, city, key = conversation(tokenizer, args.context, args.seed, c)
         for name, llm in llms.items():
             with track_peak_kv_bytes(llm.engine) as peak:
-                got = run_conversation(llm, first_ids, asks, tokenizer)
+                got = run_conversation(llm, first_ids, city, key, args.turns, tokenizer)
             peaks[name] = max(peaks[name], peak[0])
             rows[name] += [{**r, "conversation": c} for r in got]
             print(f"conv {c} {name:15s} " + " ".join(
-                f"t{r['turn']}:{'ok' if r['correct'] else '--'} {r['ttft_s']:.2f}s"
+                f"t{r['turn']}:{'..' if r['correct'] is None else 'ok' if r['correct'] else '--'}"
+                f" {r['ttft_s']:.2f}s"
                 for r in got), flush=True)
     metrics = {}
     for name, llm in llms.items():
@@ -147,8 +163,9 @@ def main() -> None:
     for name, m in metrics.items():
         m["peak_device_kv_vs_full"] = m["peak_device_kv_bytes"] / full_peak
         for t in m["turns"]:
-            lo, hi = t["accuracy_ci95"]
-            print(f"{name:15s} {t['turn']:4d} {t['accuracy']:9.2f} [{lo:.2f}, {hi:.2f}] "
+            lo, hi = t["accuracy_ci95"] or (float("nan"), float("nan"))
+            acc = t["accuracy"] if t["accuracy"] is not None else float("nan")
+            print(f"{name:15s} {t['turn']:4d} {acc:9.2f} [{lo:.2f}, {hi:.2f}] "
                   f"{t['ttft_s_median']:6.2f}s {t['cached_tokens_mean']:7.0f} "
                   f"{m['peak_device_kv_vs_full']:7.2f}x")
     config = {**vars(args), "model": "SmolLM2-135M (embedded)", "dtype": "bf16",

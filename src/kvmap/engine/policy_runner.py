@@ -10,6 +10,11 @@ budget after
 
 Once its prompt is done a sequence holds at most ``budget + block_size - 1`` slots.
 
+Compaction writes only into blocks the sequence alone holds (copy on write: a prefix
+block shared with another request is left as it is, ``kvmap.kv.compaction``). With
+``evict_to=LEVEL`` (soft eviction) the prompt's hashed blocks are first kept in that
+tier level under their prefix hash, for a later request sharing the prefix.
+
 H2O-style policies keep, per request and layer, the attention each slot has received
 so far; compaction gathers it along with the kept slots.
 

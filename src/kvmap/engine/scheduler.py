@@ -13,6 +13,10 @@ hashes, so the recompute usually hits the prefix cache, and with tiers they are 
 rather than lost when the pool reuses them) and it goes back to the front of the
 waiting queue with nothing computed. The engine never runs out of memory.
 
+With a hard-evicting selection policy, a finished compacted sequence is filed under the
+tokens it summarizes (``kvmap.kv.compacted``); a later request that starts with those
+tokens (the next turn) continues from it instead of looking up prefix blocks.
+
 With tiers, a running sequence that is alone and still short of blocks is paged instead
 (``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
 a context larger than the pool keeps decoding. While a paged sequence runs, no waiting
