@@ -60,7 +60,8 @@ class StoreStats:
 
     num_demoted_blocks: int = 0       # pool blocks written to the top level
     num_demotes_skipped: int = 0      # ... that the top level already held
-    num_soft_evicted_blocks: int = 0  # blocks a policy dropped, kept in its evict_to level
+    num_soft_evicted_blocks: int = 0  # blocks a policy dropped that its evict_to level holds
+    #                                   (written now, or already there)
     num_promoted_blocks: int = 0      # tier blocks copied into the pool
     num_fetched_tokens: int = 0
     num_recomputed_tokens: int = 0    # tokens a tier held but that were recomputed
