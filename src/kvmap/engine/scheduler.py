@@ -131,7 +131,22 @@ class Scheduler:
                 self.pool.num_blocks:
             batch.unfittable.append(self.waiting.popleft())
         batch.items.sort(key=lambda item: item[0].is_prefilling)   # decodes first
+        self._read_ahead()
         return batch
+
+    def _read_ahead(self, num_requests: int = 2) -> None:
+        """With tiers: start reading the tier-held prefix blocks of the first waiting
+        requests, so the read overlaps this step's forward pass (``TieredStore.
+        read_ahead``); once per request (its hashes are kept until admission)."""
+        if self.store is None or self.prefix_salt is None:
+            return
+        for req in list(self.waiting)[:num_requests]:
+            if req.block_hashes or req.block_ids:
+                continue
+            req.block_hashes = block_hashes(
+                req.token_ids[:max(0, req.num_tokens - self.min_last_chunk)],
+                self.block_size, self.prefix_salt)
+            self.store.read_ahead(req.block_hashes)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         remaining = req.num_tokens - req.num_computed_tokens

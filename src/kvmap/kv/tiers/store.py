@@ -37,6 +37,7 @@ import shutil
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,12 @@ class StoreStats:
     num_fetched_tokens: int = 0
     num_recomputed_tokens: int = 0    # tokens a tier held but that were recomputed
     io_wait_s: float = 0.0            # engine time spent fetching (model idle)
+    # prefix read-ahead (``read_ahead``): frames of waiting requests' prefixes read on a
+    # background thread while the model runs the current step
+    num_read_ahead_blocks: int = 0    # frames read ahead ...
+    num_read_ahead_used: int = 0      # ... that a fetch then used
+    tier_fetch_read_s: float = 0.0    # time reading + checking frames, either thread
+    tier_fetch_hidden_s: float = 0.0  # ... of it spent while the engine did other work
     demote_s: float = 0.0             # engine time spent demoting
     errors: Counter = field(default_factory=Counter)
 
@@ -125,6 +132,8 @@ class TieredStore:
                            o.get("prefetch_depth", 2), o.get("prefetch_pages", 0))
         kv.pool.on_evict = self.demote
         kv.tiers = self
+        self._ahead: dict[bytes, Future] = {}     # block hash -> its frame being read
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvmap-prefix-read")
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
@@ -195,8 +204,9 @@ class TieredStore:
 
     # ---- promotion --------------------------------------------------------------------
     def take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
-        with self.lock:
-            return self._take_prefix(block_hashes, start_block)
+        # tier calls take ``lock`` one by one, never across a wait for a read-ahead
+        # frame (its reader thread needs the lock too)
+        return self._take_prefix(block_hashes, start_block)
 
     def _take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
         """Continue a prefix hit after the pool's first ``start_block`` blocks.
@@ -209,15 +219,16 @@ class TieredStore:
         pool, bs = self.kv.pool, self.block_size
         hashes = block_hashes[start_block:]
         plan: list[Level | None] = []               # None: the pool holds it
-        for h in hashes:
-            if h in pool.hash_to_block:
-                plan.append(None)
-                continue
-            level = next((lv for lv in self.levels if lv.tier.contains(h)), None)
-            if level is None:
-                self._count_lookup_miss(h)
-                break
-            plan.append(level)
+        with self.lock:
+            for h in hashes:
+                if h in pool.hash_to_block:
+                    plan.append(None)
+                    continue
+                level = next((lv for lv in self.levels if lv.tier.contains(h)), None)
+                if level is None:
+                    self._count_lookup_miss(h)
+                    break
+                plan.append(level)
         tier_blocks = [(lv.tier.name, lv.frame_bytes) for lv in plan if lv is not None]
         if tier_blocks and not self.cost.decide(
                 tier_blocks, start_block * bs, (start_block + len(plan)) * bs):
@@ -239,32 +250,78 @@ class TieredStore:
         self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
         return taken
 
+    # ---- prefix read-ahead --------------------------------------------------------------
+    def read_ahead(self, block_hashes: list[bytes], max_blocks: int = 128) -> None:
+        """Start reading, on a background thread, the frames of ``block_hashes`` (a
+        waiting request's prefix) that the pool lacks and a level holds, so that the
+        fetch at its admission finds them read and checked. Engine thread only."""
+        pool = self.kv.pool
+        with self.lock:
+            for h in block_hashes:
+                if len(self._ahead) >= max_blocks:     # the oldest, never taken: dropped
+                    self._ahead.pop(next(iter(self._ahead))).cancel()
+                if h in pool.hash_to_block or h in self._ahead:
+                    continue
+                if not any(lv.tier.contains(h) for lv in self.levels):
+                    break                           # a prefix hit stops at a gap
+                self._ahead[h] = self._reader.submit(self._read_frame, h)
+                self.stats.num_read_ahead_blocks += 1
+
+    def _read_frame(self, block_hash: bytes):
+        """(level, frame, error kind, seconds) of the highest level holding the block,
+        read and checked (any thread); level None when no level has it."""
+        start_s = time.perf_counter()
+        with self.lock:
+            for level in self.levels:
+                data = level.tier.get(block_hash)   # a level without it: a miss, no I/O
+                if data is not None:
+                    break
+            else:
+                return None, None, None, time.perf_counter() - start_s
+        try:
+            frame = self.frames.decode(data, level.codec)
+        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
+            with self.lock:
+                level.tier.delete(block_hash)
+            return level, None, _kind(e), time.perf_counter() - start_s
+        return level, (frame, len(data)), None, time.perf_counter() - start_s
+
+    def _frame_of(self, block_hash: bytes):
+        """``_read_frame``'s answer: the read-ahead one (waiting for it if still
+        running) or a read now. Counts what was hidden."""
+        future = self._ahead.pop(block_hash, None)
+        if future is None:
+            out = self._read_frame(block_hash)
+            self.stats.tier_fetch_read_s += out[3]
+            return out
+        wait_start_s = time.perf_counter()
+        out = future.result()
+        waited_s = time.perf_counter() - wait_start_s
+        self.stats.num_read_ahead_used += 1
+        self.stats.tier_fetch_read_s += out[3]
+        self.stats.tier_fetch_hidden_s += max(0.0, out[3] - waited_s)
+        return out
+
     def _fetch(self, block_hash: bytes) -> int | None:
-        """Read ``block_hash`` from the highest level that has it and copy it into a new
-        pool block; None (counted) on a miss, a bad frame or a full pool."""
+        """Read ``block_hash`` from the highest level that has it (or take its read-ahead
+        frame) and copy it into a new pool block; None (counted) on a miss, a bad frame
+        or a full pool."""
         pool = self.kv.pool
         if pool.num_free == 0:
             self.stats.errors["pool_full"] += 1
             return None
-        start_s = time.perf_counter()
-        for level in self.levels:
-            data = level.tier.get(block_hash)   # a level without it: a miss, no I/O
-            if data is not None:
-                break
-        else:
+        level, got, error, read_s = self._frame_of(block_hash)
+        if error is not None:
+            self.stats.errors[error] += 1
             return None
-        try:
-            frame = self.frames.decode(data, level.codec)
-        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
-            self.stats.errors[_kind(e)] += 1
-            level.tier.delete(block_hash)
+        if level is None:
             return None
-        read_s = time.perf_counter() - start_s
+        frame, num_bytes = got
         block_id = pool.allocate(1)[0]          # may demote another cached block
         start_s = time.perf_counter()
         self.frames.write_pool_block(block_id, frame, level.codec)
         pool.register_hash(block_id, block_hash)
-        self.cost.observe_fetch(level.tier.name, len(data),
+        self.cost.observe_fetch(level.tier.name, num_bytes,
                                 read_s + time.perf_counter() - start_s)
         self.stats.num_promoted_blocks += 1
         self.stats.num_fetched_tokens += self.block_size
@@ -306,6 +363,10 @@ class TieredStore:
         """Empty and release every level; the pool stops demoting. Idempotent."""
         if self.pager is not None:
             self.pager.close()           # stops the prefetch thread first
+        if getattr(self, "_reader", None) is not None:
+            self._reader.shutdown(wait=True, cancel_futures=True)
+            self._reader = None
+            self._ahead.clear()
         if self.kv.pool.on_evict == self.demote:
             self.kv.pool.on_evict = None
         if self.kv.tiers is self:
