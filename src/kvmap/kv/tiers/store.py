@@ -26,6 +26,9 @@ Faults never escape: a missing, corrupt or mismatched frame, a dead or full Redi
 disk are misses or failed puts, counted by the tier (``TierStats.errors``) or here
 (``stats.errors``), and the blocks not fetched are recomputed.
 
+A waiting request's prefix frames are read ahead on a background thread while the
+model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``).
+
 The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
 larger than the pool through the same levels (keys ``page/...``, one frame per page per
 layer) with a prefetch thread. That thread and the engine loop both use the tiers, so
@@ -37,7 +40,6 @@ import shutil
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from kvmap.kv.tiers.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
 from kvmap.kv.tiers.page_frames import page_layer
 from kvmap.kv.tiers.pager import Pager
+from kvmap.kv.tiers.prefix_reader import PrefixReader
 
 
 @dataclass
@@ -132,8 +135,7 @@ class TieredStore:
                            o.get("prefetch_depth", 2), o.get("prefetch_pages", 0))
         kv.pool.on_evict = self.demote
         kv.tiers = self
-        self._ahead: dict[bytes, Future] = {}     # block hash -> its frame being read
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvmap-prefix-read")
+        self.reader = PrefixReader(self)          # prefix frames read ahead
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
@@ -250,57 +252,10 @@ class TieredStore:
         self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
         return taken
 
-    # ---- prefix read-ahead --------------------------------------------------------------
-    def read_ahead(self, block_hashes: list[bytes], max_blocks: int = 128) -> None:
-        """Start reading, on a background thread, the frames of ``block_hashes`` (a
-        waiting request's prefix) that the pool lacks and a level holds, so that the
-        fetch at its admission finds them read and checked. Engine thread only."""
-        pool = self.kv.pool
-        with self.lock:
-            for h in block_hashes:
-                if len(self._ahead) >= max_blocks:     # the oldest, never taken: dropped
-                    self._ahead.pop(next(iter(self._ahead))).cancel()
-                if h in pool.hash_to_block or h in self._ahead:
-                    continue
-                if not any(lv.tier.contains(h) for lv in self.levels):
-                    break                           # a prefix hit stops at a gap
-                self._ahead[h] = self._reader.submit(self._read_frame, h)
-                self.stats.num_read_ahead_blocks += 1
-
-    def _read_frame(self, block_hash: bytes):
-        """(level, frame, error kind, seconds) of the highest level holding the block,
-        read and checked (any thread); level None when no level has it."""
-        start_s = time.perf_counter()
-        with self.lock:
-            for level in self.levels:
-                data = level.tier.get(block_hash)   # a level without it: a miss, no I/O
-                if data is not None:
-                    break
-            else:
-                return None, None, None, time.perf_counter() - start_s
-        try:
-            frame = self.frames.decode(data, level.codec)
-        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
-            with self.lock:
-                level.tier.delete(block_hash)
-            return level, None, _kind(e), time.perf_counter() - start_s
-        return level, (frame, len(data)), None, time.perf_counter() - start_s
-
-    def _frame_of(self, block_hash: bytes):
-        """``_read_frame``'s answer: the read-ahead one (waiting for it if still
-        running) or a read now. Counts what was hidden."""
-        future = self._ahead.pop(block_hash, None)
-        if future is None:
-            out = self._read_frame(block_hash)
-            self.stats.tier_fetch_read_s += out[3]
-            return out
-        wait_start_s = time.perf_counter()
-        out = future.result()
-        waited_s = time.perf_counter() - wait_start_s
-        self.stats.num_read_ahead_used += 1
-        self.stats.tier_fetch_read_s += out[3]
-        self.stats.tier_fetch_hidden_s += max(0.0, out[3] - waited_s)
-        return out
+    def read_ahead(self, block_hashes: list[bytes]) -> None:
+        """Read a waiting request's tier-held prefix frames on a background thread
+        (``prefix_reader.py``), so that its fetch finds them read and checked."""
+        self.reader.read_ahead(block_hashes)
 
     def _fetch(self, block_hash: bytes) -> int | None:
         """Read ``block_hash`` from the highest level that has it (or take its read-ahead
@@ -310,13 +265,12 @@ class TieredStore:
         if pool.num_free == 0:
             self.stats.errors["pool_full"] += 1
             return None
-        level, got, error, read_s = self._frame_of(block_hash)
+        level, frame, num_bytes, error, read_s = self.reader.read(block_hash)
         if error is not None:
             self.stats.errors[error] += 1
             return None
         if level is None:
             return None
-        frame, num_bytes = got
         block_id = pool.allocate(1)[0]          # may demote another cached block
         start_s = time.perf_counter()
         self.frames.write_pool_block(block_id, frame, level.codec)
@@ -363,10 +317,8 @@ class TieredStore:
         """Empty and release every level; the pool stops demoting. Idempotent."""
         if self.pager is not None:
             self.pager.close()           # stops the prefetch thread first
-        if getattr(self, "_reader", None) is not None:
-            self._reader.shutdown(wait=True, cancel_futures=True)
-            self._reader = None
-            self._ahead.clear()
+        if getattr(self, "reader", None) is not None:
+            self.reader.close()
         if self.kv.pool.on_evict == self.demote:
             self.kv.pool.on_evict = None
         if self.kv.tiers is self:
