@@ -104,14 +104,14 @@ def _check_budget(model: ModelEntry, config: ModelConfig, w: WorkloadEntry,
                   seed: int) -> None:
     """A pool smaller than one request of the workload runs nothing: refuse it. With
     tiers a prompt is paged through them; with a selection policy only the prompt must
-    fit (the policy keeps the rest within its budget)."""
+    fit (the policy keeps the rest within its budget; it is not paged, tiers or not)."""
     from kvmap.kv.config import KVConfig
     from kvmap.workloads.options import longest_prompt_tokens, longest_request_tokens
     kv_memory = w.kv_memory if w.kv_memory is not None else engine.kv_memory
     spec_of_w = w.spec(seed)
     for spec in kv:
         parsed = KVConfig.parse(spec)
-        if parsed.tiers is not None and parsed.tiers.levels:
+        if parsed.tiers is not None and parsed.tiers.levels and parsed.policy is None:
             continue
         need = longest_prompt_tokens(spec_of_w) if parsed.policy is not None \
             else longest_request_tokens(spec_of_w)

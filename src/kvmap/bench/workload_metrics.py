@@ -99,4 +99,6 @@ def prefix_metrics(stats: EngineStats) -> dict:
     return {"prefix_cache_queries": queries, "prefix_cache_hits": stats.prefix_cache_hits,
             "prefix_cache_hit_rate": stats.prefix_cache_hits / queries if queries else None,
             "num_compressions": stats.num_compressions,
-            "num_evicted_tokens": stats.num_evicted_tokens}
+            "num_evicted_tokens": stats.num_evicted_tokens,
+            # soft eviction (a policy's evict_to): prompt blocks kept in a tier
+            "num_soft_evicted_blocks": (stats.tier_store or {}).get("num_soft_evicted_blocks")}

@@ -19,6 +19,7 @@ import torch
 
 from kvmap.config import DTYPES, EngineConfig, ModelConfig
 from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
+from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
@@ -75,13 +76,19 @@ class Engine:
         num_blocks = cc.num_blocks or num_blocks_for_budget(
             codec, self.geom, self.kv_budget_bytes(), self.dtype)
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
-        use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
-        salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
+        # a selection policy keeps prefix caching: compaction writes only into blocks
+        # the sequence alone holds, and forgets the hashes of the blocks it rewrites
+        salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) \
+            if cc.enable_prefix_caching else None
         self.store = self._make_store(salt)
         policy = self.kv_config.policy
         min_last_chunk = policy.observation_window if policy is not None and \
             policy.needs_window_attention else 1
-        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store, min_last_chunk)
+        # hard eviction: a finished compacted sequence is kept for the next turn
+        compacted = CompactedStates(salt) if salt is not None and policy is not None \
+            and policy.evict_to is None else None
+        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store, min_last_chunk,
+                                   allow_paging=policy is None, compacted=compacted)
         self.runner = ModelRunner(self.model, self.kv)
         self.policy = self.kv_config.policy
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
@@ -104,16 +111,14 @@ class Engine:
 
     def _make_store(self, salt: bytes | None) -> TieredStore | None:
         """The tiers below the pool, if the KV spec has ``tiers(...)``. Blocks are kept
-        there by prefix hash, so tiers need prefix caching (off with a selection policy,
-        which rewrites blocks in place)."""
+        there by prefix hash, so tiers need prefix caching."""
         layout = self.kv_config.tiers
         if layout is None or not layout.levels:
             return None
         if salt is None:
-            why = ("a selection policy rewrites blocks in place" if self.kv_config.policy
-                   else "enable_prefix_caching is off")
             raise ValueError(f"KV spec {self.kv_config.spec!r}: {layout!r} keeps blocks by "
-                             f"prefix hash, but prefix caching is off ({why})")
+                             f"prefix hash, but prefix caching is off "
+                             f"(enable_prefix_caching is off)")
         identity = weights_identity(self.model_id, self.model_config, self.model.quantization,
                                     (self.model.embed, self.model.norm))
         store = TieredStore(layout, self.kv, self.model_config, identity)
@@ -144,7 +149,13 @@ class Engine:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         need_blocks = -(-len(prompt_token_ids) // self.kv.block_size)
         pool_blocks = self.kv.pool.num_blocks
-        pager = self.store.pager if self.store is not None else None
+        pager = self.scheduler.pager
+        if need_blocks > pool_blocks and pager is None and self.store is not None:
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "
+                f"the pool has {pool_blocks}, and a selection policy ({self.policy!r}) "
+                f"compresses resident blocks only, so it is not paged through the tiers "
+                f"(raise kv_memory)")
         if need_blocks > pool_blocks and pager is None:
             raise ValueError(
                 f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "

@@ -10,6 +10,11 @@ budget after
 
 Once its prompt is done a sequence holds at most ``budget + block_size - 1`` slots.
 
+Compaction writes only into blocks the sequence alone holds (copy on write: a prefix
+block shared with another request is left as it is, ``kvmap.kv.compaction``). With
+``evict_to=LEVEL`` (soft eviction) the prompt's hashed blocks are first kept in that
+tier level under their prefix hash, for a later request sharing the prefix.
+
 H2O-style policies keep, per request and layer, the attention each slot has received
 so far; compaction gathers it along with the kept slots.
 
@@ -27,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from kvmap.kv.cache import PagedKVCache
-from kvmap.kv.compaction import compact_layer, read_sequence, release_tail
+from kvmap.kv.compaction import (compact_layer, destination_blocks, read_sequence,
+                                 release_blocks)
 from kvmap.kv.policies.base import Policy, ScoreInputs
 from kvmap.model.attention import AttentionMetadata
 from kvmap.request import Request
@@ -41,6 +47,9 @@ class PolicyRunner:
         self.generator = torch.Generator().manual_seed(seed)
         self.num_compressions = 0
         self.num_evicted_tokens = 0     # slot-tokens dropped, per layer (summed / layers)
+        self.num_deferred = 0           # compressions put off: no block for copy on write
+        # soft eviction (``evict_to``): the tier level that keeps what compaction drops
+        self.evict_to = getattr(policy, "evict_to", None)
 
     def layer_budgets(self, req: Request) -> list[int]:
         budgets = req.policy_layer_budgets
@@ -90,9 +99,26 @@ class PolicyRunner:
             acc[layer] = new
         req.policy_acc = acc
 
+    def _save_evicted(self, req: Request) -> None:
+        """Soft eviction: before compaction rewrites or frees them, the sequence's
+        prompt blocks that carry a prefix hash (every full block computed before its
+        first compression) are written to the ``evict_to`` level under that hash, so a
+        later request sharing the prefix fetches them back (the scheduler's prefix
+        lookup, ``TieredStore.take_prefix``) instead of recomputing them."""
+        if req.evicted:         # already compacted: its blocks no longer hold token blocks
+            return
+        for block_id, block_hash in zip(req.block_ids, req.block_hashes[:req.num_hashed_blocks]):
+            self.kv.tiers.keep_evicted(block_id, block_hash, self.evict_to)
+
     def _compress(self, req: Request, budget: int, meta: AttentionMetadata,
                   is_decode: bool, where: int) -> None:
         L = req.num_kv_slots
+        dst = destination_blocks(self.kv, req.block_ids, budget)
+        if dst is None:         # no block to copy shared ones into: retry next step
+            self.num_deferred += 1
+            return
+        if self.evict_to is not None:
+            self._save_evicted(req)
         acc = req.policy_acc
         # a preempted request restarts with evicted=False: its old holes no longer apply
         holes = (req.kv_holes if req.evicted else None) or {}
@@ -115,7 +141,7 @@ class PolicyRunner:
             inputs = ScoreInputs(layer, k, v, window, layer_acc, req.num_prompt_tokens,
                                  self.generator)
             kept = self.policy.select(inputs, layer_budget)           # (H, layer_budget)
-            compact_layer(self.kv, layer, req.block_ids, k, v, kept)
+            compact_layer(self.kv, layer, dst, k, v, kept)
             if layer_acc is not None:
                 kept_acc = torch.zeros(layer_acc.shape[0], budget, device=layer_acc.device)
                 kept_acc[:, :kept.shape[1]] = torch.gather(layer_acc, 1, kept)
@@ -123,7 +149,7 @@ class PolicyRunner:
             if kept.shape[1] < budget:
                 new_holes[layer] = (kept.shape[1], budget)
         req.kv_holes = new_holes or None
-        req.block_ids = release_tail(self.kv, req.block_ids, budget)
+        req.block_ids = release_blocks(self.kv, req.block_ids, dst)
         req.num_kv_slots = budget
         req.evicted = True
         self.num_compressions += 1

@@ -13,6 +13,10 @@ hashes, so the recompute usually hits the prefix cache, and with tiers they are 
 rather than lost when the pool reuses them) and it goes back to the front of the
 waiting queue with nothing computed. The engine never runs out of memory.
 
+With a hard-evicting selection policy, a finished compacted sequence is filed under the
+tokens it summarizes (``kvmap.kv.compacted``); a later request that starts with those
+tokens (the next turn) continues from it instead of looking up prefix blocks.
+
 With tiers, a running sequence that is alone and still short of blocks is paged instead
 (``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
 a context larger than the pool keeps decoding. While a paged sequence runs, no waiting
@@ -23,8 +27,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from kvmap.config import SchedulerConfig
 from kvmap.kv.cache import PagedKVCache
+from kvmap.kv.compacted import CompactedState, CompactedStates
 from kvmap.kv.prefix import block_hashes
 from kvmap.kv.tiers.store import TieredStore
 from kvmap.request import Request, RequestStatus
@@ -47,7 +54,8 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None,
-                 store: TieredStore | None = None, min_last_chunk: int = 1):
+                 store: TieredStore | None = None, min_last_chunk: int = 1,
+                 allow_paging: bool = True, compacted: CompactedStates | None = None):
         self.config = config
         # tokens the chunk that completes a prompt must hold: a selection policy's
         # observation window (SnapKV scores the prompt with its last W queries)
@@ -57,7 +65,12 @@ class Scheduler:
         self.block_size = kv.block_size
         self.prefix_salt = prefix_salt          # None disables prefix caching
         self.store = store                      # tiers below the pool, or None
-        self.pager = store.pager if store is not None else None
+        # paging a context larger than the pool; off with a selection policy (which
+        # compacts resident blocks only)
+        self.pager = store.pager if store is not None and allow_paging else None
+        # a hard-evicting policy's finished sequences, reusable by a later turn
+        # (``kvmap.kv.compacted``); None: not kept
+        self.compacted = compacted if prefix_salt is not None else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -75,6 +88,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._file_compacted(req)
         self._free_blocks(req)
 
     def _free_blocks(self, req: Request) -> None:
@@ -117,7 +131,22 @@ class Scheduler:
                 self.pool.num_blocks:
             batch.unfittable.append(self.waiting.popleft())
         batch.items.sort(key=lambda item: item[0].is_prefilling)   # decodes first
+        self._read_ahead()
         return batch
+
+    def _read_ahead(self, num_requests: int = 2) -> None:
+        """With tiers: start reading the tier-held prefix blocks of the first waiting
+        requests, so the read overlaps this step's forward pass (``TieredStore.
+        read_ahead``); once per request (its hashes are kept until admission)."""
+        if self.store is None or self.prefix_salt is None:
+            return
+        for req in list(self.waiting)[:num_requests]:
+            if req.block_hashes or req.block_ids:
+                continue
+            req.block_hashes = block_hashes(
+                req.token_ids[:max(0, req.num_tokens - self.min_last_chunk)],
+                self.block_size, self.prefix_salt)
+            self.store.read_ahead(req.block_hashes)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         remaining = req.num_tokens - req.num_computed_tokens
@@ -154,9 +183,15 @@ class Scheduler:
     def _take_cached_prefix(self, req: Request) -> None:
         if self.prefix_salt is None:
             return
-        # never take the last token from the cache: it must be computed to get logits
-        hashes = block_hashes(req.token_ids[:req.num_tokens - 1], self.block_size,
-                              self.prefix_salt)
+        # never take the last token from the cache: it must be computed to get logits;
+        # nor the last min_last_chunk tokens, a policy's observation window (its
+        # queries score the prompt in the chunk that completes it)
+        # (a compacted state is taken up to the last token: what follows it, the next
+        # user message, is then the whole observation window)
+        if self.compacted is not None and self._take_compacted(req, req.num_tokens - 1):
+            return
+        max_tokens = max(0, req.num_tokens - self.min_last_chunk)
+        hashes = block_hashes(req.token_ids[:max_tokens], self.block_size, self.prefix_salt)
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
         if self.store is not None and len(found) < len(hashes):
@@ -168,10 +203,59 @@ class Scheduler:
             req.metrics.num_cached_prompt_tokens = req.num_computed_tokens
 
     def _release_cached_prefix(self, req: Request) -> None:
-        if req.block_ids and req.num_computed_tokens == req.num_hashed_blocks * self.block_size:
+        # a waiting request holds only what it took at admission: a prefix of hashed
+        # blocks, or a compacted state (then it is ``evicted``)
+        if req.block_ids and (req.evicted or
+                              req.num_computed_tokens == req.num_hashed_blocks * self.block_size):
             self._free_blocks(req)
             req.num_computed_tokens = 0
+            req.evicted = False
             req.metrics.num_cached_prompt_tokens = 0
+
+    # ---- compacted states (kvmap.kv.compacted) --------------------------------------------
+    def _file_compacted(self, req: Request) -> None:
+        """A compacted sequence leaves: name its blocks by the state they hold."""
+        if self.compacted is None or not req.evicted or not req.block_ids:
+            return
+        num_blocks = -(-req.num_kv_slots // self.block_size)
+        state = CompactedState(req.num_computed_tokens, req.num_kv_slots, num_blocks,
+                               tuple(sorted((req.kv_holes or {}).items())))
+        keys = self.compacted.register(req.token_ids[:req.num_computed_tokens], state)
+        for block_id, key in zip(req.block_ids, keys):
+            self.pool.register_hash(block_id, key)
+
+    def _take_compacted(self, req: Request, max_tokens: int) -> bool:
+        """Continue ``req`` from the compacted state of its longest filed prefix (at most
+        ``max_tokens`` tokens), its blocks from the pool or the tiers. The partial last
+        block, where new tokens go, is copied into a block of its own. False, holding
+        nothing, when there is none or a block is gone."""
+        found = self.compacted.longest(req.token_ids, max_tokens)
+        if found is None:
+            return False
+        state, keys = found
+        blocks = self.pool.lookup(keys)
+        if len(blocks) < len(keys) and self.store is not None:
+            blocks += self.store.take_prefix(keys, len(blocks))
+        partial = state.num_kv_slots % self.block_size != 0
+        if len(blocks) < len(keys) or (partial and self.pool.num_free == 0):
+            self.pool.free(blocks)
+            return False
+        if partial:
+            copy = self.pool.allocate(1)
+            src = torch.tensor(blocks[-1:], device=self.kv.device)
+            for layer in self.kv.layers:
+                layer.copy_blocks(src, torch.tensor(copy, device=self.kv.device))
+            self.pool.free(blocks[-1:])
+            blocks[-1:] = copy
+        req.block_ids = blocks
+        req.num_computed_tokens = state.num_tokens
+        req.num_kv_slots = state.num_kv_slots
+        req.num_hashed_blocks, req.block_hashes = 0, []
+        req.evicted = True
+        req.kv_holes = dict(state.kv_holes) or None
+        req.metrics.num_cached_prompt_tokens = state.num_tokens
+        self.compacted.num_taken += 1
+        return True
 
     def register_full_blocks(self, req: Request) -> None:
         """After a step: name the newly completed full blocks by their content hash."""

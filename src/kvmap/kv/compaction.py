@@ -6,6 +6,17 @@ give the emptied blocks back to the pool. Memory is really returned, never maske
 
 Kept tokens are read back through the codec and written again into slots 0..n-1, so a
 quantized cache re-encodes them (per-token codecs reproduce their codes exactly).
+
+Copy on write: with prefix caching a sequence may share its first blocks with other
+requests (refcount > 1), and those must not change under them. The compacted sequence
+is therefore written into blocks it alone holds (``destination_blocks``): its own
+private blocks in table order -- any of them, a tail block too: layer l of every block
+is read before layer l is written, and layer l+1 is untouched -- and fresh blocks from
+the pool when it has too few. Shared blocks then only lose this sequence's reference:
+
+    table  [A* B* C  D  E ]   (* shared, refcount 2)    keep 2 blocks
+    dst    [C  D]             A, B: decref (still cached for their other holder)
+                              E: freed with its content and prefix hash intact
 """
 from __future__ import annotations
 
@@ -42,11 +53,27 @@ def compact_layer(kv: PagedKVCache, layer_idx: int, block_ids: list[int],
     kv.codec.write(kv.layers[layer_idx], dst, k_new, v_new)
 
 
-def release_tail(kv: PagedKVCache, block_ids: list[int], num_slots: int) -> list[int]:
-    """Free the blocks beyond ``num_slots``; returns the shortened block table. Blocks
-    that stay had their content changed, so their prefix hashes are forgotten."""
+def destination_blocks(kv: PagedKVCache, block_ids: list[int],
+                       num_slots: int) -> list[int] | None:
+    """The block table a sequence compacted to ``num_slots`` slots is written into: its
+    private blocks (refcount 1) in table order, then fresh blocks (one reference each,
+    taken now). None, allocating nothing, when the pool lacks the fresh blocks."""
+    pool = kv.pool
     num_keep_blocks = -(-num_slots // kv.block_size)
-    for b in block_ids[:num_keep_blocks]:
+    private = [b for b in block_ids if pool.ref_counts[b] == 1][:num_keep_blocks]
+    need = num_keep_blocks - len(private)
+    if need > pool.num_free:
+        return None
+    return private + (pool.allocate(need) if need else [])
+
+
+def release_blocks(kv: PagedKVCache, block_ids: list[int], dst: list[int]) -> list[int]:
+    """After compaction into ``dst`` (``destination_blocks``): drop this sequence's
+    reference to every other block of ``block_ids`` and return ``dst``. Blocks in
+    ``dst`` had their content changed, so their prefix hashes are forgotten; the others
+    keep theirs (their content is intact)."""
+    for b in dst:
         kv.pool.forget_hash(b)
-    kv.pool.free(block_ids[num_keep_blocks:])
-    return block_ids[:num_keep_blocks]
+    kept = set(dst)
+    kv.pool.free([b for b in block_ids if b not in kept])
+    return dst

@@ -74,7 +74,21 @@ class KVConfig:
         policy = found.get("policy")
         if policy is not None and getattr(policy, "name", None) == "full":
             policy = None
+        _check_evict_to(text, policy, found.get("tiers"))
         return cls(spec=text.strip(), codec=codec, policy=policy, tiers=found.get("tiers"))
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _check_evict_to(text: str, policy: Any, tiers: Any) -> None:
+    """A policy's ``evict_to`` (soft eviction) must name a level of the spec's tiers."""
+    level = getattr(policy, "evict_to", None)
+    if level is None:
+        return
+    levels = [lv.name for lv in getattr(tiers, "levels", ())]
+    if level not in levels:
+        has = (f"its tiers are {', '.join(levels)}" if levels else
+               "it has no tiers(...) part; add e.g. tiers(host=1GiB)")
+        raise ValueError(f"KV spec {text!r}: {policy.name}(evict_to={level}) names no tier "
+                         f"level of the spec ({has})")

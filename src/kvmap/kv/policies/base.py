@@ -59,9 +59,35 @@ class Policy(Options):
     needs_window_attention: ClassVar[bool] = False
     needs_accumulated_attention: ClassVar[bool] = False
 
+    def __init__(self, **options) -> None:
+        super().__init__(**options)          # validate() first: some policies own theirs
+        evict_to = self.options.get("evict_to")
+        if evict_to is not None and not isinstance(evict_to, str):
+            raise ValueError(f"{self.name}(evict_to={evict_to!r}) must name a tier level "
+                             f"(host, disk, redis)")
+        if evict_to is not None and self.chunked:
+            default = "" if "chunked" in options else f" (the default of {self.name})"
+            raise ValueError(f"{self.name}(evict_to={evict_to}): chunked=true{default} "
+                             f"rewrites the prompt's blocks chunk by chunk, before soft "
+                             f"eviction could keep them whole; give chunked=false")
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # every policy takes ``evict_to`` (soft eviction, see ``evict_to`` below)
+        super().__init_subclass__(**kwargs)
+        if "evict_to" not in cls.defaults:
+            cls.defaults = {**cls.defaults, "evict_to": None}
+
     @property
     def observation_window(self) -> int:
         return 1
+
+    @property
+    def evict_to(self) -> str | None:
+        """Soft eviction: the tier level (``host``, ``disk``, ``redis``) that keeps the
+        prompt blocks compaction drops, so that a later request or turn sharing the
+        prefix fetches them back; None: dropped (hard eviction). Which levels exist is
+        the KV spec's ``tiers(...)`` part, checked by ``KVConfig.parse``."""
+        return self.options.get("evict_to")
 
     @property
     def chunked(self) -> bool:

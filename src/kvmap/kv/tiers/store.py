@@ -26,6 +26,9 @@ Faults never escape: a missing, corrupt or mismatched frame, a dead or full Redi
 disk are misses or failed puts, counted by the tier (``TierStats.errors``) or here
 (``stats.errors``), and the blocks not fetched are recomputed.
 
+A waiting request's prefix frames are read ahead on a background thread while the
+model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``).
+
 The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
 larger than the pool through the same levels (keys ``page/...``, one frame per page per
 layer) with a prefetch thread. That thread and the engine loop both use the tiers, so
@@ -52,6 +55,7 @@ from kvmap.kv.tiers.layout import Layout, TierLevel
 from kvmap.kv.tiers.page_frames import page_layer
 from kvmap.kv.tiers.pager import Pager
 from kvmap.kv.tiers.shared_namespace import layout_fingerprint
+from kvmap.kv.tiers.prefix_reader import PrefixReader
 
 
 @dataclass
@@ -61,10 +65,18 @@ class StoreStats:
 
     num_demoted_blocks: int = 0       # pool blocks written to the top level
     num_demotes_skipped: int = 0      # ... that the top level already held
+    num_soft_evicted_blocks: int = 0  # blocks a policy dropped that its evict_to level holds
+    #                                   (written now, or already there)
     num_promoted_blocks: int = 0      # tier blocks copied into the pool
     num_fetched_tokens: int = 0
     num_recomputed_tokens: int = 0    # tokens a tier held but that were recomputed
     io_wait_s: float = 0.0            # engine time spent fetching (model idle)
+    # prefix read-ahead (``read_ahead``): frames of waiting requests' prefixes read on a
+    # background thread while the model runs the current step
+    num_read_ahead_blocks: int = 0    # frames read ahead ...
+    num_read_ahead_used: int = 0      # ... that a fetch then used
+    tier_fetch_read_s: float = 0.0    # time reading + checking frames, either thread
+    tier_fetch_hidden_s: float = 0.0  # ... of it spent while the engine did other work
     demote_s: float = 0.0             # engine time spent demoting
     errors: Counter = field(default_factory=Counter)
 
@@ -130,6 +142,7 @@ class TieredStore:
         if any(lv.tier.shared for lv in self.levels):
             kv.pool.on_register = self.publish
         kv.tiers = self
+        self.reader = PrefixReader(self)          # prefix frames read ahead
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
@@ -153,19 +166,39 @@ class TieredStore:
             raise
 
     # ---- demotion ---------------------------------------------------------------------
-    def demote(self, block_id: int, block_hash: bytes) -> None:
-        """The pool is about to reuse cached block ``block_id``: keep a copy in the top
-        level. Never raises for a storage fault (a failed put is counted by the tier)."""
-        top = self.levels[0]
+    def demote(self, block_id: int, block_hash: bytes, level_name: str | None = None) -> bool:
+        """The pool is about to reuse cached block ``block_id`` (or a selection policy to
+        rewrite it, ``evict_to``): keep a copy in the top level, or in the level named
+        ``level_name``. True if that level holds it afterwards. Never raises for a
+        storage fault (a failed put is counted by the tier)."""
+        level = self.levels[0] if level_name is None else self.level(level_name)
         with self.lock:
-            if top.tier.contains(block_hash):
+            if level.tier.contains(block_hash):
                 self.stats.num_demotes_skipped += 1
-                return
+                return True
             start_s = time.perf_counter()
-            data = self.frames.encode_pool_block(block_id, top.codec)
-            if top.tier.put(block_hash, data):
+            data = self.frames.encode_pool_block(block_id, level.codec)
+            stored = level.tier.put(block_hash, data)
+            if stored:
                 self.stats.num_demoted_blocks += 1
             self.stats.demote_s += time.perf_counter() - start_s
+            return stored
+
+    def keep_evicted(self, block_id: int, block_hash: bytes, level_name: str) -> bool:
+        """Soft eviction: a selection policy is about to rewrite or drop block
+        ``block_id`` (prefix hash ``block_hash``); keep a copy in level ``level_name``.
+        True if that level holds it afterwards."""
+        kept = self.demote(block_id, block_hash, level_name)
+        self.stats.num_soft_evicted_blocks += kept
+        return kept
+
+    def level(self, name: str) -> Level:
+        """The level named ``name`` (``host``, ``disk``, ``redis``)."""
+        for level in self.levels:
+            if level.tier.name == name:
+                return level
+        raise ValueError(f"no tier level {name!r}; this store has "
+                         f"{', '.join(lv.tier.name for lv in self.levels)}")
 
     def publish(self, block_id: int, block_hash: bytes) -> None:
         """The pool's ``on_register`` when a level is shared: a block just named by its
@@ -194,8 +227,9 @@ class TieredStore:
 
     # ---- promotion --------------------------------------------------------------------
     def take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
-        with self.lock:
-            return self._take_prefix(block_hashes, start_block)
+        # tier calls take ``lock`` one by one, never across a wait for a read-ahead
+        # frame (its reader thread needs the lock too)
+        return self._take_prefix(block_hashes, start_block)
 
     def _take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
         """Continue a prefix hit after the pool's first ``start_block`` blocks.
@@ -210,15 +244,16 @@ class TieredStore:
         for level in self.levels:                   # shared levels read their index
             level.tier.discover(hashes)
         plan: list[Level | None] = []               # None: the pool holds it
-        for h in hashes:
-            if h in pool.hash_to_block:
-                plan.append(None)
-                continue
-            level = next((lv for lv in self.levels if lv.tier.contains(h)), None)
-            if level is None:
-                self._count_lookup_miss(h)
-                break
-            plan.append(level)
+        with self.lock:
+            for h in hashes:
+                if h in pool.hash_to_block:
+                    plan.append(None)
+                    continue
+                level = next((lv for lv in self.levels if lv.tier.contains(h)), None)
+                if level is None:
+                    self._count_lookup_miss(h)
+                    break
+                plan.append(level)
         tier_blocks = [(lv.tier.name, lv.frame_bytes) for lv in plan if lv is not None]
         if tier_blocks and not self.cost.decide(
                 tier_blocks, start_block * bs, (start_block + len(plan)) * bs):
@@ -240,32 +275,30 @@ class TieredStore:
         self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
         return taken
 
+    def read_ahead(self, block_hashes: list[bytes]) -> None:
+        """Read a waiting request's tier-held prefix frames on a background thread
+        (``prefix_reader.py``), so that its fetch finds them read and checked."""
+        self.reader.read_ahead(block_hashes)
+
     def _fetch(self, block_hash: bytes) -> int | None:
-        """Read ``block_hash`` from the highest level that has it and copy it into a new
-        pool block; None (counted) on a miss, a bad frame or a full pool."""
+        """Read ``block_hash`` from the highest level that has it (or take its read-ahead
+        frame) and copy it into a new pool block; None (counted) on a miss, a bad frame
+        or a full pool."""
         pool = self.kv.pool
         if pool.num_free == 0:
             self.stats.errors["pool_full"] += 1
             return None
-        start_s = time.perf_counter()
-        for level in self.levels:
-            data = level.tier.get(block_hash)   # a level without it: a miss, no I/O
-            if data is not None:
-                break
-        else:
+        level, frame, num_bytes, error, read_s = self.reader.read(block_hash)
+        if error is not None:
+            self.stats.errors[error] += 1
             return None
-        try:
-            frame = self.frames.decode(data, level.codec)
-        except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
-            self.stats.errors[_kind(e)] += 1
-            level.tier.delete(block_hash)
+        if level is None:
             return None
-        read_s = time.perf_counter() - start_s
         block_id = pool.allocate(1)[0]          # may demote another cached block
         start_s = time.perf_counter()
         self.frames.write_pool_block(block_id, frame, level.codec)
         pool.register_hash(block_id, block_hash)
-        self.cost.observe_fetch(level.tier.name, len(data),
+        self.cost.observe_fetch(level.tier.name, num_bytes,
                                 read_s + time.perf_counter() - start_s)
         self.stats.num_promoted_blocks += 1
         self.stats.num_fetched_tokens += self.block_size
@@ -307,6 +340,8 @@ class TieredStore:
         """Empty and release every level; the pool stops demoting. Idempotent."""
         if self.pager is not None:
             self.pager.close()           # stops the prefetch thread first
+        if getattr(self, "reader", None) is not None:
+            self.reader.close()
         if self.kv.pool.on_evict == self.demote:
             self.kv.pool.on_evict = None
         if self.kv.pool.on_register == self.publish:
