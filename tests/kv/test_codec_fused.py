@@ -96,3 +96,46 @@ def test_greedy_tokens_do_not_depend_on_the_path(spec, monkeypatch):
         monkeypatch.setattr(qa, "FUSED", fused)
         runs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_row_read_equals_block_read(case, dtype, static_path):  # noqa: F811
+    """``codec.read_rows`` (one gather through the step's heads-first index) returns what
+    ``codec.read`` of the same blocks holds, re-laid out heads first, value for value;
+    codecs without a row form say None, and those that fold say so for every case the
+    block path folds."""
+    from kvmap.kv.codecs import HeadRows
+    codec = make(case, static_path)
+    store = codec.allocate(NUM_BLOCKS, GEOM, "cpu", dtype, layer_id=0)
+    fill(codec, store, dtype)
+    rows = HeadRows.of(TABLE, GEOM.block_size, GEOM.num_kv_heads)
+    got = codec.read_rows(store, rows)
+    assert (got is not None) == (folds(case) or case.family in ("fp32", "bf16", "fp16"))
+    if got is None:
+        return
+    k, v = codec.read(store, TABLE.reshape(-1))
+    B = TABLE.shape[0]
+    for x, ref in zip(got, (k, v)):
+        assert x.dtype == dtype
+        assert torch.equal(x.view(-1, rows.num_keys, GEOM.head_dim), qa.heads_first(ref, B))
+
+
+def test_head_rows_index_and_bad_head_count():
+    """Row (h, b*L + l) of a gather is the value at slot(b, l), head h; a tensor whose
+    head count is neither 1 nor H is refused by name."""
+    from kvmap.kv.codecs import HeadRows
+    bs, H = GEOM.block_size, GEOM.num_kv_heads
+    rows = HeadRows.of(TABLE, bs, H)
+    t = torch.arange(NUM_BLOCKS * bs * H * 2).view(NUM_BLOCKS, bs, H, 2)
+    got = rows.gather(t)                                      # (H, B*L, 2)
+    L = TABLE.shape[1] * bs
+    for b in range(TABLE.shape[0]):
+        for l in (0, bs + 3, L - 1):
+            block, off = TABLE[b, l // bs], l % bs
+            for h in range(H):
+                assert torch.equal(got[h, b * L + l], t[block, off, h])
+    shared = rows.gather(t[:, :, :1])
+    assert torch.equal(shared[H - 1, L + 5], t[TABLE[1, 0], 5, 0])
+    with pytest.raises(ValueError, match=f"{H + 1} heads per slot"):
+        rows.gather(torch.zeros(NUM_BLOCKS, bs, H + 1, 2))

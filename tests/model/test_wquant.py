@@ -77,6 +77,22 @@ def test_weight_bytes_are_exact():
         o * i // 2 + (i // 32) * o * 2 * 2 for o, i in mats)
 
 
+@pytest.mark.parametrize("quantization", [None, "int8", "w8a8", "int4"])
+def test_planner_weight_bytes_are_the_engines(quantization):
+    """``plan.weights.engine_weight_bytes`` is the engine's resident weight bytes to the
+    byte, and the planner's int4 format uses the engine's group of 32 (so a layer's
+    matrices in the planner's int4 are the engine's int4 matrices)."""
+    from kvmap.plan import weights as plan_weights
+    llm = make_tiny_llm(dtype="bf16", kv="bf16", quantization=quantization)
+    cfg = llm.model_config
+    assert plan_weights.engine_weight_bytes(cfg, quantization) == llm.weight_bytes()
+    assert plan_weights.INT4_GROUP_SIZE == 32
+    lin = Int4Linear(torch.randn(96, 128, dtype=torch.bfloat16))
+    assert plan_weights.WEIGHT_FORMATS["int4"](96, 128) == lin.num_bytes
+    with pytest.raises(ValueError, match="'fp4' is not one of"):
+        plan_weights.engine_weight_bytes(cfg, "fp4")
+
+
 @pytest.mark.parametrize("name, device, dims, fragment", [
     ("fp4", "cpu", (), "is not one of None, 'int8', 'w8a8', 'int4'"),
     ("int4", "meta", (), "no kernel on device 'meta'"),

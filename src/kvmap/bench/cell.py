@@ -170,8 +170,18 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
         record.warnings.insert(0, warning)
     record.duration_s = time.perf_counter() - t0
     record.metrics["peak_rss_bytes"] = peak_rss_bytes()
+    record.metrics["device_peak_bytes"] = device_peak_bytes()
     record.env = machine_env(load_start)
     return record.to_dict(), jsonable(rows)
+
+
+def device_peak_bytes() -> int | None:
+    """``torch.cuda.max_memory_allocated`` of this process (a cell runs in its own), or
+    None when CUDA was never initialised here (a CPU cell)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.max_memory_allocated())
 
 
 def tier_error_warning(metrics: dict) -> str | None:

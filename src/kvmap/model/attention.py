@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvmap.kv.codecs import Codec, LayerStore
+from kvmap.kv.codecs import Codec, HeadRows, LayerStore
 from kvmap.model import fused_decode
 from kvmap.model.quant_attention import decode_kv
 
@@ -90,6 +90,9 @@ class AttentionMetadata:
     # paged sequences: decode row / prefill segment index -> OffloadedContext
     offloaded_decode: dict = field(default_factory=dict)
     offloaded_prefill: dict = field(default_factory=dict)
+    # the decode rows' heads-first gather index (quant_attention), built by the first
+    # layer and shared by all
+    decode_rows: HeadRows | None = None
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -167,7 +170,10 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
                 meta.scores.setdefault(layer_idx, LayerScores()).decode = probs
             return
     # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
-    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads)
+    if meta.decode_rows is None:
+        block_size = next(iter(store.blocks.values())).shape[1]
+        meta.decode_rows = HeadRows.of(meta.decode_block_ids, block_size, num_kv_heads)
+    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads, meta.decode_rows)
     qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
         num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
     scores = kv.scores(qd).view(num_kv_heads, B, group, -1)

@@ -1,52 +1,79 @@
 """Decode attention operands: K and V of a batch's blocks in the layout the batched
-matmuls want, either dequantized (``DenseKV``) or as codes with their scales folded into
-the scores and probabilities (``CodesKV``).
-
-Attention (``kvmap.model.attention``) asks for the operands once per layer and step and
-uses two products, whatever the codec:
+matmuls want, (H*B, L, D) heads first, in the compute dtype. Attention
+(``kvmap.model.attention``) asks for them once per layer and step and uses two
+products, whatever the codec:
 
     scores = kv.scores(q)       (H*B, Gq, L)    q (H*B, Gq, D) pre-scaled queries
     out    = kv.values(probs)   (H*B, Gq, D)    probs (H*B, Gq, L)
 
-Why codes: dequantizing x = y * s + b over the whole (B, L, H, D) context is several
-passes over the largest tensor of the step (unpack, subtract, multiply, add, cast), more
-than the attention products themselves. A quantizing codec instead hands out its codes y
-(1 byte a value for int8) and the affine map (``ScaledRead``); the codes are converted
-to the compute dtype in one pass that also lays them out heads-first, and the map is
-applied to the small tensors (L scores per query instead of L * D values):
+Three ways in, by codec:
 
-    per-token / per-group map (s, b vary over tokens l; groups of g channels):
-        scores[l] = sum_grp s[l, grp] * (q[grp] . y[l, grp]) + b[l, grp] * sum(q[grp])
-        out[grp]  = (probs * s[:, grp]) @ y[:, grp] + probs @ b[:, grp]
-    one map per channel for all tokens (static per-channel ranges):
-        scores    = (q * s) . y + q . b
-        out       = (probs @ y) * s + sum(probs) * b
+- unquantized (bf16, fp16, fp32): ``codec.read_rows``, one gather of the batch's slots
+  straight into heads-first order through an index built once per step
+  (``kvmap.kv.codecs.rows``; a gather of blocks then a permuting copy would be two
+  passes) -> ``DenseKV``;
+- one scale per token and head (int8, fp8 by default; per head / tensor / static
+  ranges): codes and their map (``codec.read_scaled``), the codes converted to the
+  compute dtype in the copy that lays them out heads first, the scales applied to the
+  small scores and probabilities (L per query instead of L * D values) -> ``FoldedKV``:
 
-Scales are applied in float32 and rounded once to the compute dtype. A codec whose map
-varies over tokens and channels at once (KIVI keys, per-block channel scales) returns no
-ScaledRead and gets ``DenseKV`` over ``codec.read``.
+      per token:  scores[l] = s[l] (q . y[l]) + b[l] sum(q)
+                  out       = (probs * s) @ y + probs @ b
+      per channel, all tokens:  scores = (q * s) . y + q . b
+                                out    = (probs @ y) * s + sum(probs) * b
+
+- scales per group of channels (int4, int2 by default): folding would cost one product
+  per group, so ``codec.read_rows`` gathers the batch's codes and scales heads first
+  the same way and decodes them in fp32 over contiguous tensors, rounding once: the arithmetic of
+  ``codec.read``, the same values -> ``DecodedKV``.
+
+A codec whose map varies over tokens and channels at once (KIVI keys, per-block channel
+ranges) has neither form and gets ``DenseKV`` over ``codec.read``. Which path is
+cheaper was measured per layer (docs/architecture.md); both quantized kinds are
+``CodesKV``.
 """
 from __future__ import annotations
 
 import torch
 
-from kvmap.kv.codecs import Codec, LayerStore, ScaledRead
+from kvmap.kv.codecs import Codec, HeadRows, LayerStore, ScaledRead
+from kvmap.kv.codecs.none import PlainCodec
 
 FUSED = True    # False: always dequantize through ``codec.read`` (A/B tests, benchmarks)
 
 
-def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads: int):
+def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads: int,
+              rows: HeadRows | None = None):
     """Operands over the blocks of ``table`` (B, nb), one row per decoding sequence;
-    key l of row b is slot l of the row's blocks, concatenated (L = nb * block_size)."""
+    key l of row b is slot l of the row's blocks, concatenated (L = nb * block_size).
+    ``rows``: the batch's heads-first row index (built here when not given; attention
+    builds it once per step for all layers)."""
     B = table.shape[0]
+    if FUSED and not _folds(codec):
+        if rows is None:
+            block_size = next(iter(store.blocks.values())).shape[1]
+            rows = HeadRows.of(table, block_size, num_kv_heads)
+        kv = codec.read_rows(store, rows)
+        if kv is not None:
+            k, v = (x.view(num_kv_heads * B, rows.num_keys, -1) for x in kv)
+            return DenseKV(k, v) if isinstance(codec, PlainCodec) else DecodedKV(k, v)
     ids = table.reshape(-1)
     scaled = codec.read_scaled(store, ids) if FUSED else None
     if scaled is None:
         k, v = codec.read(store, ids)
         return DenseKV(heads_first(k, B), heads_first(v, B))
     dtype = store.state["compute_dtype"]
-    return CodesKV(ScaledOperand(scaled[0], B, num_kv_heads, dtype),
-                   ScaledOperand(scaled[1], B, num_kv_heads, dtype))
+    return FoldedKV(ScaledOperand(scaled[0], B, num_kv_heads, dtype),
+                    ScaledOperand(scaled[1], B, num_kv_heads, dtype))
+
+
+def _folds(codec: Codec) -> bool:
+    """Whether to fold the scales into the products (``FoldedKV``): when one scale
+    covers a whole head of each token (no channel groups), that is a few operators on
+    the small scores and probabilities, cheaper than decode passes in fp32 over all of
+    K and V; with groups it would cost a product per group, and the row read wins."""
+    quant = getattr(codec, "quant", None)
+    return bool(quant) and all(q.granularity != "group" for q in quant.values())
 
 
 def heads_first(x: torch.Tensor, B: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -60,7 +87,7 @@ def heads_first(x: torch.Tensor, B: int, dtype: torch.dtype | None = None) -> to
 
 
 class DenseKV:
-    """Dequantized K and V, each (H*B, L, D): plain batched products."""
+    """K and V, each (H*B, L, D) in the compute dtype: plain batched products."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor):
         self.k, self.v = k, v
@@ -73,7 +100,16 @@ class DenseKV:
 
 
 class CodesKV:
-    """K and V as :class:`ScaledOperand` (module docstring for the algebra)."""
+    """Operands built from a quantizing codec's codes and scales (either kind below)."""
+
+
+class DecodedKV(DenseKV, CodesKV):
+    """K and V decoded by the codec's row read (``read_rows``): plain products."""
+
+
+class FoldedKV(CodesKV):
+    """K and V as :class:`ScaledOperand`: codes in the compute dtype, scales applied to
+    the scores and probabilities."""
 
     def __init__(self, k: "ScaledOperand", v: "ScaledOperand"):
         self.k, self.v = k, v

@@ -8,9 +8,15 @@ vLLM's fp8 / int8 / AWQ / GPTQ checkpoints. Per linear weight of ``out x in``:
     fp8    1 * out * in + 4                      one fp32 scale per tensor (vLLM fp8)
     int8   1 * out * in + 2 * out                one fp16 scale per output channel (W8A16)
     w8a8   as int8 (activations are quantized on the fly, nothing stored)
-    int4   out * in / 2 + out * G * (2 + 1/2)    G = ceil(in / 128) groups per row, each with
-                                                 an fp16 scale and a 4-bit zero point
-                                                 (AWQ / GPTQ, group size 128)
+    int4   out * in / 2 + out * G * 4            G = ceil(in / 32) groups per row, each with
+                                                 a bf16 scale and a bf16 zero (the engine's
+                                                 int4, ``model/wquant.py``; GGUF Q4_1 also
+                                                 has blocks of 32 with a scale and a min)
+
+:func:`engine_weight_bytes` is what kvmap's own engine holds for ``LLM(quantization=...)``
+(``LlamaModel.weight_bytes``), to the byte: there the norms are folded into the
+matrices (one fp32 final norm stays), the output head is int8 per channel under every
+quantized format, and w8a8 keeps fp32 weight scales.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from kvmap.model.shapes import weight_shapes
 from kvmap.plan.catalogue import PlanModel
 
 BF16_BYTES = 2
-INT4_GROUP_SIZE = 128
+INT4_GROUP_SIZE = 32           # the engine's group (model/wquant.py)
 
 
 def _bf16(out_features: int, in_features: int) -> float:
@@ -37,7 +43,7 @@ def _int8(out_features: int, in_features: int) -> float:
 
 def _int4(out_features: int, in_features: int) -> float:
     num_groups = math.ceil(in_features / INT4_GROUP_SIZE)
-    return out_features * in_features / 2 + out_features * num_groups * 2.5
+    return out_features * in_features / 2 + out_features * num_groups * 2 * BF16_BYTES
 
 
 WEIGHT_FORMATS = {"bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4}
@@ -79,3 +85,31 @@ def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
             total += BF16_BYTES * math.prod(shape)
     router_params = c.num_layers * c.hidden_size * model.num_experts if model.num_experts > 1 else 0
     return math.ceil(total + BF16_BYTES * router_params)
+
+
+def engine_weight_bytes(config, quantization: str | None = None,
+                        compute_bytes: int = BF16_BYTES) -> int:
+    """Bytes of the weights kvmap's engine holds for ``LLM(quantization=...)`` with a
+    compute dtype of ``compute_bytes`` a value: equal to ``LlamaModel.weight_bytes``.
+    The four matrices of a layer in the format, the embedding in the compute dtype, one
+    fp32 final norm, the head int8 per channel (scale in the compute dtype) when
+    quantized, else shared with a tied embedding."""
+    per_format = {None: lambda o, i: o * i * compute_bytes,
+                  "int8": lambda o, i: o * i + o * compute_bytes,
+                  "w8a8": lambda o, i: o * i + o * 4,
+                  "int4": lambda o, i: o * i // 2 + (i // INT4_GROUP_SIZE) * o * 2 * compute_bytes}
+    if quantization not in per_format:
+        raise ValueError(f"quantization={quantization!r} is not one of "
+                         f"{', '.join(map(repr, per_format))}")
+    c = config
+    h, d, V = c.hidden_size, c.head_dim, c.vocab_size
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * d
+    mats = [(qkv, h), (h, c.num_heads * d), (2 * c.intermediate_size, h),
+            (h, c.intermediate_size)]
+    layer = sum(per_format[quantization](o, i) for o, i in mats)
+    layer += qkv * compute_bytes if c.attention_bias else 0
+    if quantization:
+        head = V * h + V * compute_bytes
+    else:
+        head = 0 if c.tie_word_embeddings else V * h * compute_bytes
+    return V * h * compute_bytes + h * 4 + head + c.num_layers * layer

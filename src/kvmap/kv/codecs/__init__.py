@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from kvmap.kv.codecs import fp8, integer, kivi, none  # noqa: F401  (they register)
 from kvmap.kv.codecs.base import CODECS, Codec, LayerStore, ScaledRead
+from kvmap.kv.codecs.rows import HeadRows
 
-__all__ = ["CODECS", "Codec", "LayerStore", "ScaledRead"]
+__all__ = ["CODECS", "Codec", "HeadRows", "LayerStore", "ScaledRead"]

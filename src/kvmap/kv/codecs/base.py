@@ -23,9 +23,20 @@ from typing import Any, ClassVar
 
 import torch
 
+from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.options import Options
 from kvmap.kv.spec import KVGeometry, block_bytes_of
 from kvmap.registry import Registry
+
+
+def gather_blocks(t: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """``t.index_select(0, block_ids)`` for a contiguous (num_blocks, ...) tensor, through
+    its (num_blocks, block_numel) view: on the CPU a gather of rows of a 2-D tensor is one
+    contiguous copy per row, while the same gather of a 4-D tensor walks it element by
+    element (docs/architecture.md, "A bf16 gather trap")."""
+    if not t.is_contiguous() or t.dim() <= 2:
+        return t.index_select(0, block_ids)
+    return t.view(t.shape[0], -1).index_select(0, block_ids).view(-1, *t.shape[1:])
 
 
 @dataclass
@@ -126,6 +137,13 @@ class Codec(Options):
         such form (unquantized, or scales that vary along tokens and channels at once);
         ``read`` is then the way in. Decoding a ScaledRead equals ``read`` up to
         rounding."""
+        return None
+
+    def read_rows(self, store: LayerStore, rows: HeadRows
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(K, V) of a decode batch heads first, each (H, B*L, D) in ``compute_dtype``,
+        equal value for value to ``read`` of the same slots; None when this codec has
+        no such form (``read`` is then the way in)."""
         return None
 
     # ---- accounting ----------------------------------------------------------------

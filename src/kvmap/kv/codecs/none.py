@@ -5,7 +5,8 @@ from typing import ClassVar
 
 import torch
 
-from kvmap.kv.codecs.base import CODECS, Codec, LayerStore
+from kvmap.kv.codecs.base import CODECS, Codec, LayerStore, gather_blocks
+from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.spec import KVGeometry
 
 
@@ -31,10 +32,15 @@ class PlainCodec(Codec):
         vf.index_copy_(0, slot_ids, v.to(self.storage_dtype))
 
     def read(self, store: LayerStore, block_ids: torch.Tensor):
-        k = store.blocks["k"].index_select(0, block_ids)
-        v = store.blocks["v"].index_select(0, block_ids)
+        k = gather_blocks(store.blocks["k"], block_ids)
+        v = gather_blocks(store.blocks["v"], block_ids)
         dtype = store.state["compute_dtype"]
         return k.to(dtype), v.to(dtype)   # no copy when storage dtype == compute dtype
+
+    def read_rows(self, store: LayerStore, rows: HeadRows):
+        dtype = store.state["compute_dtype"]
+        return (rows.gather(store.blocks["k"]).to(dtype),
+                rows.gather(store.blocks["v"]).to(dtype))
 
 
 @CODECS.register

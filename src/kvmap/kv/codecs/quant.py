@@ -141,8 +141,16 @@ def unpack(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8
         return packed.to(dtype)
     db = packed.shape[-1]
     out = torch.empty(*packed.shape[:-1], db * 8 // bits, dtype=dtype, device=packed.device)
-    mask = 2 ** bits - 1
-    for j in range(8 // bits):
+    mask, per = 2 ** bits - 1, 8 // bits
+    if dtype == torch.uint8:       # one operator a plane, written in place
+        torch.bitwise_and(packed, mask, out=out[..., :db])
+        for j in range(1, per):
+            plane = out[..., j * db:(j + 1) * db]
+            torch.bitwise_right_shift(packed, bits * j, out=plane)
+            if j < per - 1:        # the top plane has no higher bits to clear
+                plane &= mask
+        return out
+    for j in range(per):
         out[..., j * db:(j + 1) * db] = (packed >> (bits * j)) & mask
     return out
 
@@ -153,6 +161,16 @@ def range_params(lo: torch.Tensor, hi: torch.Tensor, symmetric: bool
     if symmetric:
         return fp16_params(torch.maximum(lo.abs(), hi.abs()), None)
     return fp16_params((hi - lo) / 2, (hi + lo) / 2)
+
+
+def call_params(x: torch.Tensor, dims: tuple[int, ...], symmetric: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``range_params(*minmax(x, dims, symmetric), symmetric)``, the same values; the
+    symmetric range is max|x| directly (two operators, not six: the encode runs once
+    per layer and step)."""
+    if symmetric:
+        return fp16_params(x.abs().amax(dims, keepdim=True), None)
+    return range_params(*minmax(x, dims, False), False)
 
 
 def fp16_params(r: torch.Tensor, z: torch.Tensor | None

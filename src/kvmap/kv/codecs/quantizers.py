@@ -23,8 +23,10 @@ import math
 
 import torch
 
-from kvmap.kv.codecs.base import LayerStore, ScaledRead
-from kvmap.kv.codecs.quant import Grid, dequantize, minmax, quantize, range_params
+from kvmap.kv.codecs.base import LayerStore, ScaledRead, gather_blocks
+from kvmap.kv.codecs.rows import HeadRows
+from kvmap.kv.codecs.quant import (Grid, call_params, dequantize, minmax, quantize,
+                                   range_params)
 from kvmap.kv.spec import KVGeometry
 
 DEFAULT_GROUP_SIZE = 32     # granularity=group without group_size: gcd(32, head_dim)
@@ -72,7 +74,7 @@ class TensorQuant:
 
     def read(self, store: LayerStore, block_ids: torch.Tensor, dtype: torch.dtype
              ) -> torch.Tensor:
-        q = store.blocks[f"{self.prefix}.q"].index_select(0, block_ids)   # (N, bs, H, Ds)
+        q = gather_blocks(store.blocks[f"{self.prefix}.q"], block_ids)   # (N, bs, H, Ds)
         r, z = self.read_params(store, block_ids)                          # (N|1, bs|1, Hp, G, 1)
         return dequantize(q, r, z, self.grid, dtype)
 
@@ -81,14 +83,29 @@ class TensorQuant:
         """The codes of ``block_ids`` and x = y * scale + bias per group (ScaledRead):
         the grid's y = c * mult + shift, so scale = mult * r / amplitude and
         bias = z + shift * r / amplitude."""
-        q = store.blocks[f"{self.prefix}.q"].index_select(0, block_ids)   # (N, bs, H, Ds)
-        c, mult, shift = self.grid.codes(q, dtype)                         # (N, bs, H, D)
-        r, z = self.read_params(store, block_ids)                          # (N|1, bs|1, Hp, G, 1)
+        q = gather_blocks(store.blocks[f"{self.prefix}.q"], block_ids)   # (N, bs, H, Ds)
+        return self._scaled(q, *self.read_params(store, block_ids), dtype)
+
+    def _scaled(self, q: torch.Tensor, r: torch.Tensor, z: torch.Tensor | None,
+                dtype: torch.dtype) -> ScaledRead:
+        """Gathered codes q (..., Ds) and their (r, z) (..., G, 1) -> ScaledRead."""
+        c, mult, shift = self.grid.codes(q, dtype)                         # (..., D)
         step = r.squeeze(-1).float() / self.grid.amplitude
         bias = None if z is None else z.squeeze(-1).float()
         if shift:
             bias = step * shift if bias is None else bias + step * shift
         return ScaledRead(c, step * mult if mult != 1 else step, bias)
+
+    def read_rows(self, store: LayerStore, rows: HeadRows, dtype: torch.dtype
+                  ) -> torch.Tensor | None:
+        """The slots of ``rows`` heads first, (H, B*L, D) in ``dtype``: the arithmetic
+        of ``read``, so the same values; None when the parameters do not live per slot
+        or per layer (``row_params``)."""
+        params = self.row_params(store, rows)
+        if params is None:
+            return None
+        q = rows.gather(store.blocks[f"{self.prefix}.q"])                 # (H, B*L, Ds)
+        return dequantize(q, *params, self.grid, dtype)
 
     # ---- where the parameters live: one override each ---------------------------------
     def write_params(self, store, slot_ids, xv):
@@ -96,6 +113,10 @@ class TensorQuant:
 
     def read_params(self, store, block_ids):
         raise NotImplementedError
+
+    def row_params(self, store, rows: HeadRows):
+        """(r, z) broadcastable to (H, B*L, G, 1), or None (no row form)."""
+        return None
 
 
 class SlotQuant(TensorQuant):
@@ -126,7 +147,13 @@ class SlotQuant(TensorQuant):
     def read_params(self, store, block_ids):
         def get(name):
             t = store.blocks.get(f"{self.prefix}.{name}")
-            return None if t is None else t.index_select(0, block_ids).unsqueeze(-1)
+            return None if t is None else gather_blocks(t, block_ids).unsqueeze(-1)
+        return get("r"), get("z")
+
+    def row_params(self, store, rows):
+        def get(name):
+            t = store.blocks.get(f"{self.prefix}.{name}")
+            return None if t is None else rows.gather(t).unsqueeze(-1)      # (H, B*L, G, 1)
         return get("r"), get("z")
 
 
@@ -145,7 +172,7 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
     T, H, D = k.shape
     xv = torch.stack((k, v)).float().view(2, T, H, -1, qk.group_len(D))    # (2, T, H, G, g)
     dims = tuple(d + 1 for d in REDUCE_DIMS[qk.granularity])
-    r, z = range_params(*minmax(xv, dims, qk.symmetric), qk.symmetric)   # (2, T|1, Hp, G, 1)
+    r, z = call_params(xv, dims, qk.symmetric)                             # (2, T|1, Hp, G, 1)
     q = quantize(xv, r, z, qk.grid)                                        # (2, T, H, Ds)
     for i, prefix in enumerate((qk.prefix, qv.prefix)):
         flat_slots(store.blocks[f"{prefix}.q"]).index_copy_(0, slot_ids, q[i])
@@ -198,3 +225,7 @@ class StaticQuant(TensorQuant):
     def read_params(self, store, block_ids):
         r, z = store.state[f"{self.prefix}.static"]
         return r.unsqueeze(0), (None if z is None else z.unsqueeze(0))   # (1, 1, Hp, G, 1)
+
+    def row_params(self, store, rows):
+        r, z = store.state[f"{self.prefix}.static"]                     # (1, Hp, G, 1)
+        return r.transpose(0, 1), (None if z is None else z.transpose(0, 1))  # (Hp, 1, G, 1)

@@ -31,6 +31,7 @@ from kvmap.kv.codecs.calibrate import load_ranges
 from kvmap.kv.codecs.quant import Grid
 from kvmap.kv.codecs.quantizers import (EmaQuant, SlotQuant, StaticQuant, TensorQuant,
                                         write_pair)
+from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.spec import KVGeometry
 
 GRANULARITIES = {  # scale rule -> granularities it supports; the first is its default
@@ -127,6 +128,12 @@ class ScaledCodec(QuantCodec):
         self.rule = rule
         self.ranges = load_ranges(path) if rule == "static" else None
         super().validate()
+
+    def read_rows(self, store: LayerStore, rows: HeadRows):
+        dtype = store.state["compute_dtype"]
+        k = self.quant["k"].read_rows(store, rows, dtype)
+        v = None if k is None else self.quant["v"].read_rows(store, rows, dtype)
+        return None if v is None else (k, v)
 
     def quantizers(self) -> dict[str, TensorQuant]:
         o, grid = self.options, self.grid()
