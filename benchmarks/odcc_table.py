@@ -20,6 +20,9 @@ from common import write_record  # noqa: E402
 from kvmap.bench.store import RunStore  # noqa: E402
 
 
+COMBO = "snapkv(budget=0.2,evict_to=host)+int8+tiers(host=256MiB)"   # selection+int8+offload
+
+
 def _cells(run: Path) -> list[dict]:
     return [c for c in RunStore(run).cells() if c.get("status") == "ok"]
 
@@ -121,14 +124,14 @@ def main() -> int:
         "s2_snapkv_int8": speed_rows(cells, m, "s2-long-context", None, "bf16",
                                      "snapkv(budget=0.2)+int8"),
         "s2_snapkv_int8_host": speed_rows(cells, m, "s2-long-context", None, "bf16",
-                                          "snapkv(budget=0.2)+int8+tiers(host=256MiB)"),
+                                          COMBO),
         "s2_host": speed_rows(cells, m, "s2-long-context", None, "bf16", "tiers(host=256MiB)"),
         "s2_8b_snapkv": speed_rows(cells, m8, "s2-long-context-8b", None, "bf16",
                                    "snapkv(budget=0.2)"),
         "accuracy_int8": accuracy_rows(cells, m, "bf16", "int8"),
         "accuracy_snapkv_int8": accuracy_rows(cells, m, "bf16", "snapkv(budget=0.2)+int8"),
         "accuracy_snapkv_int8_host": accuracy_rows(cells, m, "bf16",
-                                                   "snapkv(budget=0.2)+int8+tiers(host=256MiB)"),
+                                                   COMBO),
     }
     w8 = _task_cell(cells, m, "int8", "ppl", "w8a8")
     if w8 is not None:
