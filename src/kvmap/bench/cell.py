@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
+from kvmap.bench.endpoint_spec import EndpointUnavailable
 from kvmap.bench.record import (PROGRESS_PREFIX, RECORD_SCHEMA, CellRecord, load_avg,
                                 machine_env, peak_rss_bytes)
 
@@ -147,10 +148,18 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if cell.workload is not None:
+            if cell.endpoint is not None and cell.workload is not None:   # over HTTP
+                from kvmap.bench.endpoint_workload import run_endpoint_workload
+                record.metrics, rows = run_endpoint_workload(cell, progress)
+            elif cell.endpoint is not None:
+                from kvmap.bench.endpoint_tasks import run_endpoint_task
+                record.metrics, record.details = run_endpoint_task(cell, progress)
+            elif cell.workload is not None:
                 record.metrics, rows = run_workload(cell, progress)
             else:
                 record.metrics, record.details = run_task(cell, progress)
+        except EndpointUnavailable as e:       # e.g. a task needs log-probs it lacks
+            record.status, record.error = "unavailable", str(e)
         except Exception as e:  # noqa: BLE001 -- a failed cell is a result, not a crash
             record.fail(f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
             rows = []

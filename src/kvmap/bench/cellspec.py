@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from kvmap.bench.endpoint_spec import EndpointEntry
 from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_obj, redact_spec
 from kvmap.model.dummy import DUMMY_PREFIX
@@ -55,6 +56,7 @@ class WorkloadEntry:
     kv: tuple[str, ...] | None = None
     kv_memory: str | int | None = None
     models: tuple[str, ...] | None = None      # the scenario's models this one runs on
+    endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
 
     def spec(self, seed: int = 0):
         return workload_spec(self.name, self.options, seed)
@@ -69,6 +71,7 @@ class TaskEntry:
     params: dict = field(default_factory=dict)
     kv: tuple[str, ...] | None = None          # its own KV list (else the scenario's)
     models: tuple[str, ...] | None = None      # model labels it runs on (else all)
+    endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
 
     @property
     def is_accuracy_task(self) -> bool:
@@ -94,6 +97,7 @@ class CellSpec:
     slo: dict | None = None
     timeout_s: float | None = None
     memory_limit_bytes: int | None = None   # RLIMIT_AS of the cell process (None: none)
+    endpoint: EndpointEntry | None = None   # an endpoint's cell (``kv`` is its name)
 
     @property
     def job(self) -> str:
@@ -122,11 +126,13 @@ class CellSpec:
         data["engine"] = EngineArgs(**data["engine"])
         if data.get("workload") is not None:
             w = dict(data["workload"])
-            for key in ("kv", "models"):
+            for key in ("kv", "models", "endpoints"):
                 w[key] = tuple(w[key]) if w.get(key) is not None else None
             data["workload"] = WorkloadEntry(**w)
         if data.get("task") is not None:
             data["task"] = TaskEntry(**data["task"])
+        if data.get("endpoint") is not None:
+            data["endpoint"] = EndpointEntry(**data["endpoint"])
         return cls(**data)
 
 
@@ -145,6 +151,7 @@ class Scenario:
     cell_memory_limit_bytes: int | None = None
     description: str = ""
     notes: tuple[str, ...] = ()     # what was skipped (skip_unavailable) and why
+    endpoints: tuple[EndpointEntry, ...] = ()   # servers measured as configurations
 
     def all_kv(self) -> list[str]:
         """The scenario's KV specs, then those only some workloads name, in order."""
@@ -173,6 +180,20 @@ class Scenario:
                         continue
                     if not (model.is_dummy and t.is_accuracy_task):
                         cells.append(self._cell(model, kv, self.engine, task=t))
+        return cells + self.endpoint_cells()
+
+    def endpoint_cells(self) -> list[CellSpec]:
+        """Every endpoint's cells, endpoint by endpoint (its server runs once for them):
+        the workloads, then the tasks, that name it (or name no endpoints)."""
+        cells = []
+        for ep in self.endpoints:
+            model = ModelEntry(ep.model)
+            for job in (*self.workloads, *self.tasks):
+                if job.endpoints is None or ep.name in job.endpoints:
+                    kind = "workload" if isinstance(job, WorkloadEntry) else "task"
+                    cells.append(self._cell(model, ep.name, self.engine, endpoint=ep,
+                                            slo=self.slo if kind == "workload" else None,
+                                            **{kind: job}))
         return cells
 
     def _cell(self, model: ModelEntry, kv: str, engine: EngineArgs, **job) -> CellSpec:
@@ -189,6 +210,7 @@ class Scenario:
         data = {k: v for k, v in self.to_dict().items()
                 if k not in ("source", "notes", "description", "cell_timeout_s",
                              "cell_memory_limit_bytes")}
+        _drop_unset_endpoints(data)
         return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -197,8 +219,22 @@ def _cell_id(cell: CellSpec) -> str:
     KV spec's URL never reaches a file name."""
     data = redact_obj({k: v for k, v in cell.to_dict().items()
                        if k not in ("cell_id", "timeout_s", "memory_limit_bytes")})
+    _drop_unset_endpoints(data)
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
     model = Path(cell.model.label).stem if "/" in cell.model.name else cell.model.label
     slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-",
                   redact_spec(f"{model}_{cell.job}_{cell.kv}")).strip("-")
     return f"{slug[:80]}_{digest}"
+
+
+def _drop_unset_endpoints(data: dict) -> None:
+    """Leave the endpoint fields out of a hash where they are unset, so cells and runs
+    of scenarios without endpoints keep the ids they had before endpoints existed."""
+    for key in ("endpoint", "endpoints"):
+        if data.get(key) in (None, [], ()):
+            data.pop(key, None)
+    for jobs in (data.get("workloads") or [], data.get("tasks") or [],
+                 [data.get("workload") or {}, data.get("task") or {}]):
+        for job in jobs:
+            if isinstance(job, dict) and job.get("endpoints") is None:
+                job.pop("endpoints", None)

@@ -34,7 +34,7 @@ class CellRecord:
     load: dict | None = None
     quantization: str | None = None
     started_at: str = field(default_factory=now_iso)
-    status: str = "ok"               # "ok" | "failed"
+    status: str = "ok"               # "ok" | "failed" | "unavailable" (endpoint_spec)
     error: str | None = None
     traceback: str | None = None
     warnings: list[str] = field(default_factory=list)

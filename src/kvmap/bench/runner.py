@@ -31,6 +31,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TextColumn, TimeElapsedColumn)
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
+from kvmap.bench.endpoint_backend import with_endpoints
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
@@ -108,6 +109,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
         backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
+    backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
     backend.open(cells)
     with backend, RunLock(run_dir):     # before anything is read or written there
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,

@@ -12,6 +12,8 @@ from typing import Any
 
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
                                   ScenarioError, TaskEntry, WorkloadEntry)
+from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
+                                        reserved_names)
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
 from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
 from kvmap.metrics import normalize_slo, parse_slo
@@ -19,13 +21,13 @@ from kvmap.model.wquant import QUANTIZATIONS
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
-            "slo", "cell_timeout_s", "cell_memory_limit", "skip_unavailable"}
+            "slo", "cell_timeout_s", "cell_memory_limit", "skip_unavailable", "endpoints"}
 MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
-BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models"}
-TASK_KEYS = {"name", "task", "params", "kv", "models"}
+BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "endpoints"}
+TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
 
@@ -68,11 +70,13 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir)
     engine = _parse_engine(data.get("engine") or {}, problems)
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
+    endpoints = parse_endpoints(data.get("endpoints"), problems, base_dir,
+                                reserved_names(data, kv))
     workloads = _parse_workloads(data.get("workloads") or [], problems, notes, skip,
-                                 base_dir, seed)
+                                 base_dir, seed, endpoints)
     workloads = _check_job_models(workloads, models, "workloads", problems)
     tasks = _check_job_models(_parse_tasks(data.get("tasks") or [], problems, notes, skip,
-                                           base_dir), models, "tasks", problems)
+                                           base_dir, endpoints), models, "tasks", problems)
     slo = _parse_slo(data.get("slo"), problems)
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
@@ -91,7 +95,8 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
                     kv=tuple(kv), workloads=tuple(workloads), tasks=tuple(tasks), slo=slo,
                     engine=engine, cell_timeout_s=timeout_s,
                     cell_memory_limit_bytes=memory_limit,
-                    description=str(data.get("description") or ""), notes=tuple(notes))
+                    description=str(data.get("description") or ""), notes=tuple(notes),
+                    endpoints=tuple(endpoints))
 
 
 def _parse_memory_limit(raw: Any, problems: Problems) -> int | None:
@@ -273,7 +278,7 @@ def _resolve_files(options: dict, where: str, base_dir: Path, problems: Problems
 
 
 def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
-                     base_dir: Path, seed: int) -> list[WorkloadEntry]:
+                     base_dir: Path, seed: int, endpoints=()) -> list[WorkloadEntry]:
     entries = []
     for name, item, where in _named_entries(raw, "workloads", "workload", "a preset name",
                                             BENCH_WORKLOAD_KEYS, problems):
@@ -297,8 +302,9 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         except ValueError as e:
             problems.add(where, str(e))
             continue
+        chosen = parse_endpoint_filter(item, where, list(endpoints), problems)
         entries += [WorkloadEntry(name, level, load.to_dict() if load else None, kv,
-                                  kv_memory, models) for level, load in levels]
+                                  kv_memory, models, chosen) for level, load in levels]
     return entries
 
 
@@ -319,7 +325,7 @@ def _check_job_models(jobs: list, models: list[ModelEntry], section: str,
 
 
 def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
-                 base_dir: Path) -> list[TaskEntry]:
+                 base_dir: Path, endpoints=()) -> list[TaskEntry]:
     from kvmap.bench.tasks import TaskUnavailable, check_task_params, resolve_task
     entries = []
     for name, item, where in _named_entries(raw, "tasks", "task", "a task name", TASK_KEYS,
@@ -349,7 +355,8 @@ def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
             continue
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
-        entries.append(TaskEntry(name, task, dict(params), kv, _as_tuple(item.get("models"))))
+        entries.append(TaskEntry(name, task, dict(params), kv, _as_tuple(item.get("models")),
+                                 parse_endpoint_filter(item, where, list(endpoints), problems)))
     return entries
 
 

@@ -120,11 +120,11 @@ def agreement(loadgen_mean_s: float | None, server_mean_s: float | None) -> dict
             "offset_s": loadgen_mean_s - server_mean_s}
 
 
-async def fetch_metrics(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0
-                        ) -> str | None:
-    """The text of ``<root>/metrics``; None when the server has none (or cannot say)."""
+async def fetch_metrics(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0,
+                        *, path: str = "/metrics", headers: dict | None = None) -> str | None:
+    """The text of ``<root><path>``; None when the server has none (or cannot say)."""
     try:
-        async with session.get(f"{root}/metrics",
+        async with session.get(f"{root}{path}", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
@@ -143,22 +143,22 @@ def parse_metrics(text: str | None) -> Scrape | None:
         return None
 
 
-async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0
-                 ) -> Scrape | None:
-    """Read and parse ``<root>/metrics``; None when the server has none (or it is not
+async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0, *,
+                 path: str = "/metrics", headers: dict | None = None) -> Scrape | None:
+    """Read and parse ``<root><path>``; None when the server has none (or it is not
     Prometheus). The parse runs in a worker thread, off the event loop; during a load
     level the sweep only fetches (``fetch_metrics``) and parses after the level."""
-    text = await fetch_metrics(session, root, timeout_s)
+    text = await fetch_metrics(session, root, timeout_s, path=path, headers=headers)
     return None if text is None else await asyncio.to_thread(parse_metrics, text)
 
 
-async def served_models(session: aiohttp.ClientSession, root: str, timeout_s: float = 10.0
-                        ) -> list[dict] | None:
+async def served_models(session: aiohttp.ClientSession, root: str, timeout_s: float = 10.0,
+                        *, headers: dict | None = None) -> list[dict] | None:
     """The ``data`` list of ``<root>/v1/models``; None when unreachable or not that shape.
 
     ``aiohttp.ClientConnectorError`` propagates: the caller says the server is down."""
     try:
-        async with session.get(f"{root}/v1/models",
+        async with session.get(f"{root}/v1/models", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
