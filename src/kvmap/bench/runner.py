@@ -169,7 +169,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                 t_cell = started.pop(cell.cell_id, t_run)
                 eta.finished(cell, record.get("duration_s") or time.perf_counter() - t_cell)
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
-                mark = "[green]ok[/]" if record["status"] == "ok" else "[red]FAILED[/]"
+                mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
+                    record["status"], "[red]FAILED[/]")
                 remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an

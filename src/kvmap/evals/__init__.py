@@ -8,10 +8,12 @@
 Tasks, one module each, registered in ``TASKS`` (``base.py``) when imported here
 (``docs/evals.md`` says exactly what each measures): ``ppl`` (perplexity, KL, top-1 under
 teacher forcing), ``passkey`` and ``needle`` (retrieval over a context-length x depth
-grid), ``generation`` (greedy output stability), ``chat_generation`` (output-length
-inflation of answers that stop on their own), ``mc`` (multiple choice by log-likelihood
-from a JSONL file), ``qa`` (extractive QA scored by exact match and token F1). Adding a task is one file with ``@TASKS.register``, one import line
-below, and one test row.
+grid), ``prompt_ppl`` (perplexity from prompt log-probabilities in one prefill, what an
+OpenAI-compatible server returns), ``generation`` (greedy output stability),
+``chat_generation`` (output-length inflation of answers that stop on their own), ``mc``
+(multiple choice by log-likelihood from a JSONL file), ``qa`` (extractive QA scored by
+exact match and token F1). Adding a task is one file with ``@TASKS.register``, one
+import line below, and one test row.
 
 The baseline is the model's own dtype as the KV codec (``bf16`` for a bf16 model) with
 no selection policy; every result carries paired per-sample comparisons with it
@@ -19,7 +21,7 @@ no selection policy; every result carries paired per-sample comparisons with it
 """
 from kvmap.evals.base import TASKS, Column, EvalOptions, Task, TaskRun, get_task
 from kvmap.evals import (chat_generation, generation, mc, needle, passkey,  # noqa: F401
-                         ppl, qa)                                # -- fill TASKS
+                         ppl, prompt_ppl, qa)                    # -- fill TASKS
 from kvmap.evals.evaluation import evaluate
 
 __all__ = ["Column", "EvalOptions", "TASKS", "Task", "TaskRun", "evaluate", "get_task"]

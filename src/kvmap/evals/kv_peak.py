@@ -18,8 +18,12 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
     block exits. Windows nest: an inner window does not hide an earlier, higher peak from
     the window around it. With a codec that stages exact tokens outside the pool's blocks
     (KIVI's residual window, ``kv/codecs/staging.py``) the staging rows in use count too,
-    sampled whenever blocks become used and at the end.
+    sampled whenever blocks become used and at the end. ``engine=None`` (a server
+    measured over HTTP, whose pool is not ours to read): the value stays None.
     """
+    if engine is None:
+        yield [None]
+        return
     kv = engine.kv
     pool, bytes_per_block = kv.pool, kv.bytes_per_block
     outer_peak = pool.peak_num_used_blocks

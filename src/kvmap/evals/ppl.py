@@ -155,6 +155,7 @@ class PPLTask(Task):
         nll = torch.cat(sample_nll)
         metrics = {"ppl": perplexity(nll), "nll_mean": float(nll.mean()),
                    "num_tokens_scored": int(nll.numel()), "num_samples": len(samples),
+                   "ppl_definition": "continuation",        # prompt_ppl: prompt_logprobs
                    "kv_bytes_peak": peak[0], "wall_s": time.perf_counter() - t0}
         records = [{"sample_id": f"ppl/{c}+{self.continuation}/{i}",
                     "nll_mean": float(x.mean()), "num_tokens": int(x.numel())}
@@ -167,15 +168,20 @@ class PPLTask(Task):
         agree = torch.cat([top1_agreement(r, q) for r, q in zip(ref, logp)])
         agree_ties = torch.cat([top1_agreement_with_ties(r, q) for r, q in zip(ref, logp)])
         ties = torch.cat([tied_top1(r) for r in ref])
-        mine, theirs = paired_values(run.per_sample, baseline.per_sample, self.value_key)
-        delta = paired_delta(mine, theirs, seed=self.options.seed)
-        return {**run.metrics,
-                "ppl_baseline": baseline.metrics["ppl"],
-                "ppl_delta_pct": 100.0 * (run.metrics["ppl"] / baseline.metrics["ppl"] - 1),
+        return {**run.metrics, **ppl_comparison(run, baseline, self.options.seed),
                 "kl_mean": float(kl.mean()), "kl_p99": percentile(kl.tolist(), 99),
                 "top1_agreement": float(agree.float().mean()),
                 "top1_agreement_ties": float(agree_ties.float().mean()),
-                "baseline_tie_rate": float(ties.float().mean()),
-                "delta_nll": delta, "delta_ppl_pct": ratio_pct(delta),
-                "ppl_delta_rel": math.expm1(delta["mean"]),
-                "ppl_delta_rel_ci95": [math.expm1(delta["ci_low"]), math.expm1(delta["ci_high"])]}
+                "baseline_tie_rate": float(ties.float().mean())}
+
+
+def ppl_comparison(run: TaskRun, baseline: TaskRun, seed: int) -> dict:
+    """The perplexity change against ``baseline``, paired sample by sample on the
+    records' ``nll_mean``: in percent and as the contract's ``ppl_delta_rel`` + CI."""
+    mine, theirs = paired_values(run.per_sample, baseline.per_sample, "nll_mean")
+    delta = paired_delta(mine, theirs, seed=seed)
+    return {"ppl_baseline": baseline.metrics["ppl"],
+            "ppl_delta_pct": 100.0 * (run.metrics["ppl"] / baseline.metrics["ppl"] - 1),
+            "delta_nll": delta, "delta_ppl_pct": ratio_pct(delta),
+            "ppl_delta_rel": math.expm1(delta["mean"]),
+            "ppl_delta_rel_ci95": [math.expm1(delta["ci_low"]), math.expm1(delta["ci_high"])]}

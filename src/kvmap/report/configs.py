@@ -31,6 +31,7 @@ from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import complexity, idle_parts, same_spec, throughput_ci, without
 from kvmap.report.slo import (BARE_KEY_PERCENTILE, gaps, is_good, measure_key,  # noqa: F401
                               measure_slo, request_groups, split_key)
+from kvmap.report.endpoints import endpoint_baseline, endpoint_of, memory_note
 from kvmap.report.tasks import TaskResult, needle_result, task_result
 
 @dataclass
@@ -68,6 +69,8 @@ class ConfigSummary:
     rows: dict[str, list[dict]] = field(default_factory=dict)    # name -> request rows
     probes: dict = field(default_factory=dict)                   # bench.probes results
     tiers: dict[str, dict] = field(default_factory=dict)         # workload -> tier -> stats
+    endpoint: dict | None = None     # a server measured over HTTP (report/endpoints.py)
+    memory_note: str | None = None   # why an endpoint has no memory coordinate
 
     def measure(self, key: str) -> float | None:
         """One normalized SLA key: from ``slo_measured`` when there, else from the rows."""
@@ -187,13 +190,16 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
     for (model, quantization, kv), group in groups.items():
         ok = [c for c in group if c["status"] == "ok"]
         dtype = group[0].get("dtype")
-        label = f"{quantization} weights + {kv}" if quantization else kv
+        endpoint = endpoint_of(group)
+        label = endpoint["label"] if endpoint else \
+            f"{quantization} weights + {kv}" if quantization else kv
         s = ConfigSummary(name=f"{model}: {label}" if several_models else label, kv=kv,
                           model=model, dtype=dtype,
                           is_baseline=kv == dtype and quantization is None,
                           num_cells=len(group), num_failed=len(group) - len(ok),
                           primary_workload=primary, complexity=complexity(kv, dtype),
-                          accuracy_na=has_tasks and model not in models_with_tasks)
+                          accuracy_na=has_tasks and model not in models_with_tasks,
+                          endpoint=endpoint, memory_note=memory_note(group))
         s.kv_bytes_per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
                                      if cell_metric(c, "kv_bytes_per_token")), None)
         peaks = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]
@@ -202,7 +208,9 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
         for_slo = _workloads(s, group, rows_by_cell, slo, swept, seed)
         for c in group:
             if c.get("task"):
-                s.tasks[c["task"]] = task_result(c, baselines.get((model, c["task"])), seed)
+                base = endpoint_baseline(c, endpoint, cells) if endpoint else \
+                    baselines.get((model, c["task"]))
+                s.tasks[c["task"]] = task_result(c, base, seed)
             elif c["status"] == "ok" and cell_metric(c, "needle_accuracy") is not None \
                     and not s.accuracy_na:       # random weights answer nothing
                 base = base_workloads.get((model, *_level_key(c)))

@@ -25,7 +25,10 @@ CLICK_SCRIPT = ("document.getElementById('{plot_id}').on('plotly_click', functio
 
 def family(c: ConfigSummary) -> str:
     """``baseline``, ``codec``, ``selection policy``, ``offload tier`` or
-    ``combination`` (two or more parts), by the parts of the spec."""
+    ``combination`` (two or more parts), by the parts of the spec; ``endpoint`` for a
+    server measured over HTTP."""
+    if c.endpoint is not None:
+        return "endpoint"
     p = parts(c.kv)
     kinds = [k for k in FAMILIES if k in p and not (k == "codec" and p[k].name == c.dtype)
              and not (k == "policy" and p[k].name == "full")]
@@ -41,6 +44,8 @@ def hover_text(c: ConfigSummary) -> str:
     lines = [f"<b>{c.name}</b> ({family(c)})"]
     if c.peak_kv_bytes is not None:
         lines.append(f"peak KV {format_bytes(c.peak_kv_bytes)}")
+    elif c.memory_note:
+        lines.append(f"no memory coordinate: {c.memory_note}")
     for key, label in (("kv_capacity_tokens", "KV capacity"), ("concurrency_max",
                                                                "max concurrent")):
         if c.metric(key) is not None:

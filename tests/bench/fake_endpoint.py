@@ -1,0 +1,80 @@
+"""A misbehaving OpenAI-compatible server for the endpoint fault tests (stdlib only).
+
+    python tests/bench/fake_endpoint.py --port P --mode MODE
+
+    ok           /health 200, /v1/models lists "fake", completions streamed as SSE
+    nostream     answers a streamed completion with one JSON body, not Server-Sent Events
+    nologprobs   completions work, but never carry log-probabilities
+    othermodel   /v1/models lists only "other-model"; completions 404 for "fake"
+    unhealthy    /health and /v1/models answer 503 forever
+    exit         prints a line and exits with code 3 at once
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE = "ok"
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def _json(self, status: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if MODE == "unhealthy":
+            return self._json(503, {"error": "loading"})
+        if self.path == "/health":
+            return self._json(200, {"status": "ok"})
+        if self.path == "/v1/models":
+            ids = ["other-model"] if MODE == "othermodel" else ["fake"]
+            return self._json(200, {"object": "list", "data": [{"id": i} for i in ids]})
+        return self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if MODE == "othermodel":
+            return self._json(404, {"error": {"message": f"model {body.get('model')!r} "
+                                                         "not found"}})
+        n = int(body.get("max_tokens") or 1)
+        choice = {"index": 0, "text": " 7" * n, "finish_reason": "length"}
+        usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
+        if not body.get("stream") or MODE == "nostream":
+            return self._json(200, {"choices": [choice], "usage": usage})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(n):
+            event = {"choices": [{"index": 0, "text": " 7",
+                                  "finish_reason": "length" if i == n - 1 else None}]}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def main() -> int:
+    global MODE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", default="ok")
+    args = parser.parse_args()
+    MODE = args.mode
+    if MODE == "exit":
+        print("fake endpoint: exiting on purpose", flush=True)
+        return 3
+    ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
