@@ -7,8 +7,10 @@ The peak over the cell's scrapes of the first gauge the server exports, in this 
   ``llamacpp:kv_cache_usage_ratio``) times the endpoint's ``kv_memory``;
 - else ``kvmap:kv_resident_bytes{tier="pool"}`` (``kvmap serve``'s own bytes).
 
-Otherwise there is no memory coordinate, and ``kv_memory_note`` says why (no scrape, no
-such gauge, or a fraction without ``kv_memory`` to multiply it by).
+A gauge is sampled (``SCRAPE_INTERVAL_S`` of ``endpoint_workload``), so the peak is the
+highest reading, not the server's own peak. Otherwise there is no memory coordinate, and
+``kv_memory_note`` says why (no scrape, no such gauge, a gauge that read 0 at every
+scrape, or a fraction without ``kv_memory`` to multiply it by).
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ def peak_memory(scrapes: Iterable, kv_memory_bytes: int | None) -> dict:
         values = [s.total(name) for s in scrapes if s.total(name) is not None]
         if values:
             out["kv_usage_peak_frac"] = peak = max(values)
+            if peak <= 0:
+                out["kv_memory_note"] = (f"{name} read 0 at every scrape (the cell was "
+                                         "shorter than the scrape interval)")
+                return out
             if kv_memory_bytes is None:
                 out["kv_memory_note"] = (f"{name} is exported, but the endpoint has no "
                                          "kv_memory to turn the fraction into bytes")
@@ -45,7 +51,7 @@ def peak_memory(scrapes: Iterable, kv_memory_bytes: int | None) -> dict:
             out["peak_kv_resident_bytes"] = peak * kv_memory_bytes
             out["kv_memory_source"] = f"{name} x kv_memory"
             return out
-    values = [b for b in map(pool_resident_bytes, scrapes) if b is not None]
+    values = [b for b in map(pool_resident_bytes, scrapes) if b]
     if values:
         out["peak_kv_resident_bytes"] = max(values)
         out["kv_memory_source"] = RESIDENT_GAUGE

@@ -21,7 +21,7 @@ from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_http import (check_served, endpoint_info, http_endpoint,
                                        load_tokenizer)
 
-SCRAPE_INTERVAL_S = 0.5
+SCRAPE_INTERVAL_S = 0.25
 _NUMBER = re.compile(r"\d+")
 
 
