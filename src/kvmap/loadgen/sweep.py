@@ -128,11 +128,16 @@ class MeasuredLevel:
 
 async def measure_level(session, endpoint: Endpoint, plan, level: Level, *,
                         duration_s: float | None = None, drain_timeout_s: float = 30.0,
-                        cycle: bool = False) -> MeasuredLevel:
+                        cycle: bool = False,
+                        at_start: Callable[[], None] | None = None) -> MeasuredLevel:
     """Scrape ``/metrics``, run ``plan`` on ``session`` while ``_watch`` scrapes, scrape
     again: exactly what each level of ``run_sweep`` does, so that a benchmark of the
-    client (``benchmarks/loadgen_vs_stdlib.py``) measures the command's own path."""
+    client (``benchmarks/loadgen_vs_stdlib.py``) measures the command's own path.
+    ``at_start`` is called between the first scrape and the first send (a benchmark
+    that starts several clients at once waits there)."""
     before = await scrape(session, endpoint.root)
+    if at_start is not None:
+        at_start()
     boundaries = [sum(p.duration_s for p in level.phases[:k])
                   for k in range(1, len(level.phases))]
     pages: dict[int, str | None] = {}
