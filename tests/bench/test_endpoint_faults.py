@@ -78,6 +78,7 @@ def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
         assert f"endpoint {name!r}" in cell["error"] and cause in cell["error"], \
             (name, cell["error"])
     assert "exiting on purpose" in cells["exits"]["error"]     # the server's last words
+    assert result.num_failed == 5                       # an unavailable task is no failure
 
 
 def test_server_output_goes_to_the_logs(faulty_run):

@@ -74,6 +74,8 @@ class EndpointEntry:
 
 
 def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (``127.0.0.0/8``, ``[::1]``); the one check
+    the bench's endpoints and ``kvmap serve``'s bind share."""
     host = host.strip("[]").lower()
     if host == "localhost":
         return True

@@ -44,7 +44,7 @@ class RunResult:
     cells: list[dict]             # every stored record, in scenario order
     num_ran: int
     num_skipped: int
-    num_failed: int               # among all stored cells
+    num_failed: int               # among all stored cells ("unavailable" is not failed)
     resumed: bool
     duration_s: float
 
@@ -193,7 +193,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
     records = store.cells()
     return RunResult(run_dir=run_dir, cells=records, num_ran=num_ran,
                      num_skipped=len(cells) - len(todo),
-                     num_failed=sum(c["status"] != "ok" for c in records), resumed=resumed,
+                     num_failed=sum(c["status"] == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
 
 

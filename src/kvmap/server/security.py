@@ -11,11 +11,11 @@ and, on a loopback bind, a Host-header check.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 
 from fastapi.responses import JSONResponse
 
+from kvmap.bench.endpoint_spec import is_loopback
 from kvmap.server.errors import error_body
 
 log = logging.getLogger("kvmap.server")
@@ -23,16 +23,6 @@ log = logging.getLogger("kvmap.server")
 API_KEY_ENV = "KVMAP_API_KEY"
 OPEN_PATHS = frozenset({"/health"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def host_name(header: str) -> str:
