@@ -127,13 +127,19 @@ def test_both_clients_against_llama_server(llama_server):
     for run in (aio, ref):
         assert sorted(s.request.request_id for s in run.sent) == sorted(
             r.request_id for r in requests)
-        assert all(s.result.error_kind is None for s in run.sent), \
-            [s.result.error for s in run.sent]
-        assert {s.request.request_id: s.result.num_output_tokens for s in run.sent} == {
-            r.request_id: r.max_tokens for r in requests}
-    prompt_tokens = [{s.request.request_id: s.result.num_prompt_tokens for s in run.sent}
-                     for run in (aio, ref)]
+    # llama-server closes some keep-alive connections without answering the request on
+    # them; loadgen sends such a request again (client.send_request), the reference
+    # client does not and records it as disconnected, so only its answered ones compare
+    assert all(s.result.error_kind is None for s in aio.sent), [s.result.error for s in aio.sent]
+    answered = {s.request.request_id for s in ref.sent if s.result.error_kind is None}
+    assert all(s.result.error_kind == "disconnected" and s.result.http_status is None
+               for s in ref.sent if s.request.request_id not in answered)
+    want = {r.request_id: r.max_tokens for r in requests}
+    assert {s.request.request_id: s.result.num_output_tokens for s in aio.sent} == want
+    assert {s.request.request_id: s.result.num_output_tokens for s in ref.sent
+            if s.request.request_id in answered} == {k: want[k] for k in answered}
+    prompt_tokens = [{s.request.request_id: s.result.num_prompt_tokens for s in run.sent
+                      if s.request.request_id in answered} for run in (aio, ref)]
     assert prompt_tokens[0] == prompt_tokens[1] and all(v for v in prompt_tokens[0].values())
-    ma, mr = (load_metrics(r.sent, r.t0_s, r.duration_s) for r in (aio, ref))
-    assert ma["num_output_tokens"] == mr["num_output_tokens"] == sum(
-        r.max_tokens for r in requests)
+    ma = load_metrics(aio.sent, aio.t0_s, aio.duration_s)
+    assert ma["num_output_tokens"] == sum(want.values()) and ma["num_failed"] == 0
