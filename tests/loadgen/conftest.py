@@ -19,7 +19,8 @@ allow a few ms of slack; ``done_tail_s`` delays the body's end after ``[DONE]``)
     choices_dict   ``choices`` an object, not a list (streamed or not)
     choices_int    ``choices`` a number
 
-``server.requests`` lists the JSON bodies received.
+``server.requests`` lists the JSON bodies received; ``server.metrics_times_s`` when each
+``GET /metrics`` arrived.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class FakeServer:
         self.done_tail_s = done_tail_s
         self.metrics_text, self.models = metrics_text, models
         self.requests: list[dict] = []
+        self.metrics_times_s: list[float] = []         # perf_counter of each GET /metrics
         self.in_flight = 0
         self.max_in_flight = 0
         self.loop = asyncio.new_event_loop()
@@ -88,6 +90,7 @@ class FakeServer:
             {"id": m, "object": "model", "owned_by": "test"} for m in self.models]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics_times_s.append(time.perf_counter())
         return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:

@@ -64,7 +64,7 @@ def bench(
               f"-> {escape(str(run_dir))}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
-                              address=address)
+                              address=address, retry_failed=retry_failed)
     except ValueError as e:
         typer.echo(f"error: {redact_spec(str(e))}", err=True)
         raise typer.Exit(code=2) from None

@@ -44,6 +44,21 @@ __all__ = ["APIS", "ERROR_KINDS", "Endpoint", "RawResult", "send_request"]
 
 async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint,
                        request: WorkloadRequest, result: RawResult) -> RawResult:
+    """``_send`` once; again, once, when the server dropped the connection before any
+    response (a pooled keep-alive connection it had closed: llama.cpp's server does
+    this), from a fresh send time -- a request the server never answered is not load it
+    served."""
+    await _send(session, endpoint, request, result)
+    if result.error_kind == "disconnected" and result.http_status is None \
+            and not result.chunk_times_s:
+        fresh = RawResult(result.request_id)
+        await _send(session, endpoint, request, fresh)
+        result.__dict__.update(fresh.__dict__)
+    return result
+
+
+async def _send(session: aiohttp.ClientSession, endpoint: Endpoint,
+                request: WorkloadRequest, result: RawResult) -> RawResult:
     """Send ``request``, filling ``result`` as the response arrives; returns ``result``.
 
     Never raises for a server or network problem (see ``ERROR_KINDS``). Bounded by

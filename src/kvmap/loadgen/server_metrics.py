@@ -13,6 +13,7 @@ reported as ``ttft_mean_offset_s``).
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 
@@ -119,21 +120,36 @@ def agreement(loadgen_mean_s: float | None, server_mean_s: float | None) -> dict
             "offset_s": loadgen_mean_s - server_mean_s}
 
 
-async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0, *,
-                 path: str = "/metrics", headers: dict | None = None) -> Scrape | None:
-    """Read ``<root><path>``; None when the server has none (or it is not Prometheus)."""
+async def fetch_metrics(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0,
+                        *, path: str = "/metrics", headers: dict | None = None) -> str | None:
+    """The text of ``<root><path>``; None when the server has none (or cannot say)."""
     try:
         async with session.get(f"{root}{path}", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
-            text = await resp.text()
+            return await resp.text()
     except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+def parse_metrics(text: str | None) -> Scrape | None:
+    """``Scrape.parse(text)``; None for no text or text that is not Prometheus."""
+    if text is None:
         return None
     try:
         return Scrape.parse(text)
     except ValueError:
         return None
+
+
+async def scrape(session: aiohttp.ClientSession, root: str, timeout_s: float = 5.0, *,
+                 path: str = "/metrics", headers: dict | None = None) -> Scrape | None:
+    """Read and parse ``<root><path>``; None when the server has none (or it is not
+    Prometheus). The parse runs in a worker thread, off the event loop; during a load
+    level the sweep only fetches (``fetch_metrics``) and parses after the level."""
+    text = await fetch_metrics(session, root, timeout_s, path=path, headers=headers)
+    return None if text is None else await asyncio.to_thread(parse_metrics, text)
 
 
 async def served_models(session: aiohttp.ClientSession, root: str, timeout_s: float = 10.0,

@@ -1,0 +1,78 @@
+"""The small record of an ``examples/engines.yaml`` run: one row per cell of a run
+directory (configuration, workload or task, status, the figures docs/engines.md quotes)
+and the throughput ratios of each configuration to kvmap's bf16 at the same level.
+
+    python benchmarks/engines_summary.py runs/engines [--wall-s S] [--command "..."]
+
+Reads only the run directory (``RunStore.cells``); writes
+``benchmarks/results/engines-*.json`` and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_record  # noqa: E402
+
+from kvmap.bench.store import RunStore  # noqa: E402
+
+WORKLOAD_KEYS = ("output_tokens_per_s", "num_completed", "num_failed", "num_output_tokens",
+                 "peak_kv_resident_bytes", "kv_capacity_bytes", "kv_memory_source",
+                 "kv_memory_note", "client_cpu_share")
+PERCENTILES = ("ttft_s", "tpot_s", "tbt_s", "e2e_s")
+TASK_KEYS = ("accuracy", "passkey_accuracy", "ppl", "num_samples", "num_tokens_scored",
+             "ppl_definition", "nll_mean")
+
+
+def _row(cell: dict) -> dict:
+    m = cell.get("metrics") or {}
+    row = {"cell_id": cell["cell_id"], "kv": cell.get("kv"), "workload": cell.get("workload"),
+           "job": "_".join(cell["cell_id"].split("_")[1:-2]),   # the workload level or task
+           "task": cell.get("task"), "status": cell.get("status"), "error": cell.get("error"),
+           "duration_s": cell.get("duration_s"),
+           "load_avg_1m": (cell.get("env") or {}).get("load_avg_1m_start",
+                                                      (cell.get("env") or {}).get("load_avg"))}
+    for key in WORKLOAD_KEYS + TASK_KEYS:
+        if key in m:
+            row[key] = m[key]
+    for key in PERCENTILES:
+        if isinstance(m.get(key), dict):
+            row[key] = {p: m[key].get(p) for p in ("p50", "p99", "mean")}
+    return row
+
+
+def _ratios(rows: list[dict]) -> dict:
+    """Each configuration's output tokens/s over kvmap bf16's, per workload level."""
+    base = {r["job"]: r.get("output_tokens_per_s") for r in rows
+            if r["kv"] == "bf16" and r["workload"] and r["status"] == "ok"}
+    out: dict = {}
+    for r in rows:
+        b = base.get(r["job"])
+        if r["workload"] and r["status"] == "ok" and b and r.get("output_tokens_per_s"):
+            out.setdefault(r["kv"], {})[r["job"]] = r["output_tokens_per_s"] / b
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--wall-s", type=float, default=None, help="the run's wall time")
+    ap.add_argument("--command", default=None, help="the command(s) that made the run")
+    args = ap.parse_args()
+    rows = [_row(c) for c in RunStore(args.run_dir).cells()]
+    for r in rows:
+        fig = next((r[k] for k in ("output_tokens_per_s", "accuracy", "ppl")
+                    if r.get(k) is not None), None)
+        print(f"{r['kv']:>14} {r['job']:>24} {r['status']:>11} "
+              f"{'' if fig is None else f'{fig:.4g}'}  {(r.get('error') or '')[:90]}")
+    path = write_record("engines", {"run_dir": str(args.run_dir), "command": args.command},
+                        {"cells": rows, "throughput_vs_kvmap_bf16": _ratios(rows),
+                         "wall_s": args.wall_s, "load_avg_end": os.getloadavg()})
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()
