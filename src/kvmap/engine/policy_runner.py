@@ -6,9 +6,10 @@ budget after
 
 - a prefill chunk, if the policy is ``chunked`` (the peak is then budget + one chunk);
 - the chunk that completes its prompt, otherwise (the whole prompt is resident first);
-- a decode step that has grown it one block past the budget.
+- a decode step that has grown it ``decode_every`` slots past the budget (the policy's
+  option, by default one block; 0 = never: ``Policy.decode_every_steps``).
 
-Once its prompt is done a sequence holds at most ``budget + block_size - 1`` slots.
+Once its prompt is done a sequence holds at most ``budget + decode_every - 1`` slots.
 
 H2O-style policies keep, per request and layer, the attention each slot has received
 so far; compaction gathers it along with the kept slots.
@@ -67,7 +68,8 @@ class PolicyRunner:
             budget = self.budget(req)
             over = req.num_kv_slots - budget
             if is_decode:
-                due = over >= self.kv.block_size
+                every = self.policy.decode_every_steps(self.kv.block_size)
+                due = every > 0 and over >= every
             else:
                 prompt_done = req.num_computed_tokens == req.num_tokens
                 due = over > 0 and (prompt_done or self.policy.chunked)

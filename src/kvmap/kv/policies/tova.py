@@ -18,7 +18,9 @@ whole prompt is resident until its last token ranks it.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
-``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``).
+``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``);
+``decode_every`` -- decode steps between compressions during generation (default one
+block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 @POLICIES.register
 class TOVA(Policy):
     name = "tova"
-    defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None}
+    defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None,
+                "decode_every": None}
     needs_window_attention = True      # observation_window is 1: the newest query
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
