@@ -40,14 +40,16 @@ CONFIGS = ["bf16", "h2o(budget=512,decode_every=64)", "h2o(budget=512)",
            "streaming_llm(sinks=4,budget=512,decode_every=64)"]
 
 
-def decode_through(llm: LLM, ids: list[int], num_context: int, sample_every: int) -> dict:
+def decode_through(llm: LLM, ids: list[int], num_context: int, sample_every: int,
+                   keep_logits: bool = False) -> dict:
     """Teacher-forced decode of ids[num_context:] after prefilling ids[:num_context];
-    per position the NLL and argmax, and the resident bytes every ``sample_every`` steps."""
+    per position the NLL and argmax (and the logits, with ``keep_logits``), and every
+    ``sample_every`` steps [step, resident bytes, the sequence's KV slots]."""
     engine = llm.engine
     req = engine.add_request(ids[:num_context], SamplingParams(
         max_tokens=len(ids) - num_context, ignore_eos=True))
     req.forced_token_ids = list(ids[num_context:])
-    nll, top1, series = [], [], []
+    nll, top1, series, kept = [], [], [], []
     peak_bytes, step, t0 = 0, 0, time.perf_counter()
     while not req.status.finished:
         engine.step()
@@ -55,16 +57,19 @@ def decode_through(llm: LLM, ids: list[int], num_context: int, sample_every: int
             logp = torch.log_softmax(logits.float(), dim=-1)
             nll.append(-logp[ids[num_context + len(nll)]].item())
             top1.append(int(logp.argmax()))
+            if keep_logits:
+                kept.append(logits.float())
         req.recorded_logits.clear()
         resident = engine.kv.usage().resident_bytes
         peak_bytes = max(peak_bytes, resident)
         if step % sample_every == 0:
-            series.append([step, resident])
+            series.append([step, resident, req.num_kv_slots])
         step += 1
     wall_s = time.perf_counter() - t0
     engine.requests.pop(req.request_id, None)
-    return {"nll": nll, "top1": top1, "series": series, "peak_resident_bytes": peak_bytes,
-            "wall_s": wall_s,
+    out = {"logits": torch.stack(kept)} if keep_logits else {}
+    return {**out, "nll": nll, "top1": top1, "series": series,
+            "peak_resident_bytes": peak_bytes, "wall_s": wall_s,
             "num_compressions": engine.policy_runner.num_compressions
             if engine.policy_runner is not None else 0}
 

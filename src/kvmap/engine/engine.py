@@ -20,6 +20,7 @@ import torch
 from kvmap.config import DTYPES, EngineConfig, ModelConfig
 from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.config import KVConfig
+from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.pager import PageLost
@@ -73,7 +74,11 @@ class Engine:
         codec.validate_geometry(self.geom)
         num_blocks = cc.num_blocks or num_blocks_for_budget(
             codec, self.geom, self.kv_budget_bytes(), self.dtype)
-        self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
+        tiers = self.kv_config.tiers
+        per_layer = wants_per_layer_tables(self.kv_config.policy, codec, self.geom, self.dtype,
+                                           tiers is not None and bool(tiers.levels))
+        self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype,
+                               per_layer_tables=per_layer)
         use_prefix = cc.enable_prefix_caching and self.kv_config.policy is None
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) if use_prefix else None
         self.store = self._make_store(salt)

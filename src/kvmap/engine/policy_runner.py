@@ -22,6 +22,10 @@ out of the next selection; new tokens go after ``budget`` as usual:
 
     layer 0 (b=6): [k k k k k k|n n]        budget = 6, two new tokens
     layer 1 (b=3): [k k k . . .|n n]        hole (3, 6)
+
+With per-layer block tables (the cache's ``per_layer_tables``, on for ``layer_budgets``:
+``kvmap.kv.layer_pool``) the blocks wholly inside a hole go back to the pool
+(``PagedKVCache.release_holes``); the slot layout, and so attention, is the same.
 """
 from __future__ import annotations
 
@@ -126,6 +130,7 @@ class PolicyRunner:
                 new_holes[layer] = (kept.shape[1], budget)
         req.kv_holes = new_holes or None
         req.block_ids = release_tail(self.kv, req.block_ids, budget)
+        self.kv.release_holes(req.block_ids, req.kv_holes)     # per-layer tables only
         req.num_kv_slots = budget
         req.evicted = True
         self.num_compressions += 1

@@ -14,10 +14,11 @@ budget given as a fraction of the prompt is known at admission (the prompt lengt
 so the first chunks already compress to the final budget.
 
 Selection is per layer and per KV head: head h of layer l may keep different tokens,
-but every head keeps the same number, so one block table serves all layers. With
-``layer_budgets`` (``kvmap.kv.policies.layer_budgets``: ``pyramid`` or one budget per
-layer) layers keep different numbers; the sequence holds the largest and a smaller
-layer's unused slots are masked out of attention.
+but every head keeps the same number. With ``layer_budgets``
+(``kvmap.kv.policies.layer_budgets``: ``pyramid`` or one budget per layer) layers keep
+different numbers: a smaller layer's unused slots are masked out of attention, and with
+per-layer block tables (``layer_tables``, ``kvmap.kv.layer_pool``) their blocks are
+returned to the pool.
 
 Decoding-time compression (``decode_every``, an option of every budgeted policy): a long
 generation grows the cache one slot a step past the budget; once it has grown
@@ -90,6 +91,10 @@ class Policy(Options):
                              f"or a fraction of the prompt in (0, 1]")
         if "layer_budgets" in self.options:
             parse_layer_budgets(self.options["layer_budgets"])
+        tables = self.options.get("layer_tables")
+        if tables not in (None, "shared", "per-layer"):
+            raise ValueError(f"{self.name}(layer_tables={tables!r}) must be shared or "
+                             f"per-layer (unset: per-layer when the codec allows it)")
         self.validate_decode_every()
         for key in ("sinks", "recent", "window"):
             v = self.options.get(key)
@@ -142,7 +147,8 @@ class Policy(Options):
     def resident_tokens(self, context_tokens: int, *, num_layers: int | None = None,
                         num_prompt_tokens: int | None = None) -> int:
         """Tokens of a ``context_tokens`` sequence the cache holds once the policy has
-        compressed it: the slots of its one block table, i.e. the largest layer's share
+        compressed it: the slots of its block table, i.e. the largest layer's share
+        (an upper bound with per-layer block tables, where each layer holds its own)
         (``layer_resident_tokens``). Block rounding and the prefill chunk in flight are the
         caller's (``kvmap.plan.capacity.resident_blocks``). ``num_layers`` is needed only
         with ``layer_budgets=pyramid``; an explicit list gives its own length."""

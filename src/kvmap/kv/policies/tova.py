@@ -19,6 +19,8 @@ whole prompt is resident until its last token ranks it.
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
 ``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``);
+``layer_tables`` -- ``per-layer`` (a smaller layer's blocks go back to the pool; the
+default where the codec allows) or ``shared`` (one table, masked; ``kvmap.kv.layer_pool``);
 ``decode_every`` -- decode steps between compressions during generation (default one
 block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
 """
@@ -33,7 +35,7 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 class TOVA(Policy):
     name = "tova"
     defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None,
-                "decode_every": None}
+                "layer_tables": None, "decode_every": None}
     needs_window_attention = True      # observation_window is 1: the newest query
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
