@@ -79,3 +79,13 @@ def test_decode_every_zero_compresses_the_prompt_only():
     assert sum(compressions) == 1                         # the prompt, once
     for generated, slots, _ in trace:
         assert slots == 8 + generated - 1
+
+
+def test_kvmap_specs_lists_the_options():
+    from typer.testing import CliRunner
+
+    from kvmap.cli import app
+    result = CliRunner().invoke(app, ["specs", "--options"])
+    assert result.exit_code == 0, result.output
+    h2o = next(line for line in result.output.splitlines() if line.strip().startswith("h2o("))
+    assert "decode_every=None" in h2o and "layer_tables=None" in h2o
