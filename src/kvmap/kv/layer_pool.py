@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from kvmap.kv.pool import table_uses
+
 RELEASED = -1      # a layer's entry in a group once its block went back to the pool
 
 
@@ -203,8 +205,5 @@ class LayerBlockPool:
                 f"free group {g} still holds layer blocks"
         assert len(self.free_groups) == self.ref_counts.count(0), "group ids lost"
         if block_tables is not None:
-            uses = [0] * self.num_layer_blocks
-            for table in block_tables:
-                for g in table:
-                    uses[g] += 1
-            assert uses == self.ref_counts, "refcounts differ from the live block tables"
+            assert table_uses(block_tables, self.num_layer_blocks) == self.ref_counts, \
+                "refcounts differ from the live block tables"
