@@ -92,8 +92,12 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    results = {str(n): run_length(n, args) for n in args.lengths}
-    path = write_record("layer_budgets_memory", vars(args), results)
+    results, path = {}, None
+    for n in args.lengths:          # the record is rewritten after each length
+        results[str(n)] = run_length(n, args)
+        if path is not None:
+            path.unlink()
+        path = write_record("layer_budgets_memory", vars(args), results)
     print(f"record: {path}")
 
 
