@@ -103,7 +103,10 @@ def calibrate(
 
 
 @app.command()
-def specs(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+def specs(as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+          options: bool = typer.Option(False, "--options", help="Also list every codec's and "
+                                       "policy's options with their defaults (unset = None; "
+                                       "the part's docstring explains each).")):
     """List the registered KV spec parts (codecs, policies, tier layouts) and the tier
     backends a tiers(...) part accepts."""
     from kvmap.kv.config import spec_names
@@ -113,6 +116,13 @@ def specs(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
         return
     for family, members in names.items():
         typer.echo(f"{family}: {', '.join(members)}")
+    if options:
+        from kvmap.kv.codecs import CODECS
+        from kvmap.kv.policies import POLICIES
+        for registry in (CODECS, POLICIES):
+            for name in sorted(registry):
+                defaults = registry[name].defaults
+                typer.echo(f"  {name}({', '.join(f'{k}={v}' for k, v in defaults.items())})")
 
 
 def _register_subcommands() -> None:

@@ -67,6 +67,9 @@ SPECS = {
 
 
 def start(spec: str, prompt_len: int = 40, max_tokens: int = 12):
+    # the shared block table, where holes stay resident and masked (per-layer tables,
+    # which free them: tests/kv/test_layer_tables.py)
+    spec = spec[:-1] + ",layer_tables=shared)"
     llm = make_tiny_llm(kv=spec + "+fp32", block_size=BLOCK_SIZE, max_num_batched_tokens=16)
     engine = llm.engine
     req = engine.add_request(random_prompts([prompt_len], seed=7)[0],

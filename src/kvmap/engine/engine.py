@@ -21,6 +21,7 @@ from kvmap.config import DTYPES, EngineConfig, ModelConfig
 from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
+from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.pager import PageLost
@@ -75,11 +76,17 @@ class Engine:
         codec.validate_geometry(self.geom)
         num_blocks = cc.num_blocks or num_blocks_for_budget(
             codec, self.geom, self.kv_budget_bytes(), self.dtype)
-        self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype)
+        tiers = self.kv_config.tiers
+        per_layer = wants_per_layer_tables(self.kv_config.policy, codec, self.geom, self.dtype,
+                                           tiers is not None and bool(tiers.levels))
+        self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype,
+                               per_layer_tables=per_layer)
         # a selection policy keeps prefix caching: compaction writes only into blocks
-        # the sequence alone holds, and forgets the hashes of the blocks it rewrites
+        # the sequence alone holds, and forgets the hashes of the blocks it rewrites;
+        # per-layer block tables (layer_budgets) free blocks per layer, so no prefix
+        # block stays whole to share
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) \
-            if cc.enable_prefix_caching else None
+            if cc.enable_prefix_caching and not per_layer else None
         self.store = self._make_store(salt)
         policy = self.kv_config.policy
         min_last_chunk = policy.observation_window if policy is not None and \

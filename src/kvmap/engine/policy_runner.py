@@ -6,9 +6,10 @@ budget after
 
 - a prefill chunk, if the policy is ``chunked`` (the peak is then budget + one chunk);
 - the chunk that completes its prompt, otherwise (the whole prompt is resident first);
-- a decode step that has grown it one block past the budget.
+- a decode step that has grown it ``decode_every`` slots past the budget (the policy's
+  option, by default one block; 0 = never: ``Policy.decode_every_steps``).
 
-Once its prompt is done a sequence holds at most ``budget + block_size - 1`` slots.
+Once its prompt is done a sequence holds at most ``budget + decode_every - 1`` slots.
 
 Compaction writes only into blocks the sequence alone holds (copy on write: a prefix
 block shared with another request is left as it is, ``kvmap.kv.compaction``). With
@@ -26,6 +27,10 @@ out of the next selection; new tokens go after ``budget`` as usual:
 
     layer 0 (b=6): [k k k k k k|n n]        budget = 6, two new tokens
     layer 1 (b=3): [k k k . . .|n n]        hole (3, 6)
+
+With per-layer block tables (the cache's ``per_layer_tables``, on for ``layer_budgets``:
+``kvmap.kv.layer_pool``) the blocks wholly inside a hole go back to the pool
+(``PagedKVCache.release_holes``); the slot layout, and so attention, is the same.
 """
 from __future__ import annotations
 
@@ -76,7 +81,8 @@ class PolicyRunner:
             budget = self.budget(req)
             over = req.num_kv_slots - budget
             if is_decode:
-                due = over >= self.kv.block_size
+                every = self.policy.decode_every_steps(self.kv.block_size)
+                due = every > 0 and over >= every
             else:
                 prompt_done = req.num_computed_tokens == req.num_tokens
                 due = over > 0 and (prompt_done or self.policy.chunked)
@@ -150,6 +156,7 @@ class PolicyRunner:
                 new_holes[layer] = (kept.shape[1], budget)
         req.kv_holes = new_holes or None
         req.block_ids = release_blocks(self.kv, req.block_ids, dst)
+        self.kv.release_holes(req.block_ids, req.kv_holes)     # per-layer tables only
         req.num_kv_slots = budget
         req.evicted = True
         self.num_compressions += 1

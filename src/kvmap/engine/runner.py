@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvmap.engine.layer_tables import per_layer_metas
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, LayerHoles, PrefillSegment
 from kvmap.model.llama import LlamaModel
@@ -94,6 +95,8 @@ class ModelRunner:
             meta.want_scores = True
             meta.observation_window = policy.observation_window
             meta.accumulate = policy.needs_accumulated_attention
+        if self.kv.per_layer_tables:
+            meta.layers = per_layer_metas(meta, self.kv.pool)
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)

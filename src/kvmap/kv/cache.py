@@ -3,6 +3,11 @@
 All layers share block ids: block b of layer l lives in ``layers[l].blocks[...][b]``, so
 a sequence has a single block table. The pool is sized from a byte budget using the
 codec's exact bytes per block (all layers), or from an explicit block count.
+
+With ``per_layer_tables`` (per-layer budgets; ``kvmap.kv.layer_pool``) every layer
+reads one store of ``num_layers * num_blocks`` layer blocks instead, and each layer has
+its own table (``layer_block_ids``), so a layer that keeps fewer tokens gives its
+blocks back. Same bytes, same codec; only a codec without per-layer state can do it.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.kv.codecs import Codec, LayerStore
+from kvmap.kv.layer_pool import LayerBlockPool, shareable
 from kvmap.kv.pool import BlockPool
 from kvmap.kv.spec import KVGeometry
 
@@ -24,6 +30,7 @@ class KVUsage:
     bytes_per_block: int
     tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
     staging_bytes: int = 0       # staging rows of blocks in use (KIVI's residual window)
+    layer_tables: str = "shared"   # "per-layer": kvmap.kv.layer_pool (blocks are groups)
 
     def to_dict(self) -> dict:
         return {
@@ -35,6 +42,7 @@ class KVUsage:
             "usage": self.num_blocks_used / self.num_blocks_total,
             "tiers": dict(self.tiers),
             "staging_bytes": self.staging_bytes,
+            "layer_tables": self.layer_tables,
         }
 
 
@@ -54,16 +62,29 @@ def num_blocks_for_budget(codec: Codec, geom: KVGeometry, kv_memory_bytes: int,
 
 class PagedKVCache:
     def __init__(self, codec: Codec, geom: KVGeometry, num_blocks: int,
-                 device: torch.device | str, compute_dtype: torch.dtype):
+                 device: torch.device | str, compute_dtype: torch.dtype,
+                 per_layer_tables: bool = False):
         codec.validate_geometry(geom)
         self.codec = codec
         self.geom = geom
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
-        self.pool = BlockPool(num_blocks, geom.block_size)
-        self.layers: list[LayerStore] = [
-            codec.allocate(num_blocks, geom, self.device, compute_dtype, layer_id=i)
-            for i in range(geom.num_layers)]
+        if per_layer_tables and not shareable(codec, geom, compute_dtype):
+            raise ValueError(f"codec {codec!r} keeps per-layer state (static scales or "
+                             f"staging rows), so its layers cannot share one store of "
+                             f"per-layer blocks (per_layer_tables)")
+        self.per_layer_tables = per_layer_tables
+        if per_layer_tables:
+            self.pool = LayerBlockPool(num_blocks, geom.block_size, geom.num_layers)
+            shared = codec.allocate(num_blocks * geom.num_layers, geom, self.device,
+                                    compute_dtype)
+            self.layers: list[LayerStore] = [shared] * geom.num_layers
+        else:
+            self.pool = BlockPool(num_blocks, geom.block_size)
+            self.layers = [
+                codec.allocate(num_blocks, geom, self.device, compute_dtype, layer_id=i)
+                for i in range(geom.num_layers)]
+        self.layer_block_bytes = self.layers[0].block_bytes()    # one layer's block
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
         self.staging_bytes = sum(layer.staging_bytes() for layer in self.layers)   # all rows
         # the levels below the pool (kvmap.kv.tiers.store.TieredStore installs itself)
@@ -73,17 +94,39 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.geom.block_size
 
+    def layer_block_ids(self, layer_idx: int, block_ids: list[int]) -> list[int]:
+        """The blocks of layer ``layer_idx`` for a sequence's table: the table itself, or
+        with per-layer tables that layer's own blocks (``LayerBlockPool.layer_table``)."""
+        if not self.per_layer_tables:
+            return block_ids
+        return self.pool.layer_table(layer_idx, block_ids)
+
+    def release_holes(self, block_ids: list[int], holes: dict | None) -> int:
+        """Give back the blocks wholly inside each layer's hole (layer -> (first, end)
+        slots a per-layer budget left empty); a no-op with the shared table, where the
+        hole stays resident and masked. Returns the layer blocks released."""
+        if not self.per_layer_tables or not holes:
+            return 0
+        return self.pool.release_holes(block_ids, holes)
+
+    def resident_block_bytes(self) -> int:
+        """Bytes of the blocks in use, all layers: exact with per-layer tables too."""
+        if self.per_layer_tables:
+            return self.pool.num_used_layer_blocks * self.layer_block_bytes
+        return self.pool.num_used * self.bytes_per_block
+
     def usage(self) -> KVUsage:
         staged = 0
         if self.staging_bytes:
             live = torch.tensor(self.pool.ref_counts, device=self.device) > 0
             staged = sum(layer.staging_bytes(live) for layer in self.layers)
         return KVUsage(
-            resident_bytes=self.pool.num_used * self.bytes_per_block + staged,
+            resident_bytes=self.resident_block_bytes() + staged,
             capacity_bytes=self.pool.num_blocks * self.bytes_per_block + self.staging_bytes,
             num_blocks_used=self.pool.num_used,
             num_blocks_total=self.pool.num_blocks,
             bytes_per_block=self.bytes_per_block,
             tiers=self.tiers.resident() if self.tiers is not None else {},
             staging_bytes=staged,
+            layer_tables="per-layer" if self.per_layer_tables else "shared",
         )

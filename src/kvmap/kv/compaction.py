@@ -35,7 +35,8 @@ def slots_of(block_ids: list[int], num_slots: int, block_size: int) -> torch.Ten
 def read_sequence(kv: PagedKVCache, layer_idx: int, block_ids: list[int], num_slots: int):
     """(k, v), each (num_slots, H, D), of one layer of one sequence, compute dtype."""
     nb = -(-num_slots // kv.block_size)
-    table = torch.tensor(block_ids[:nb], dtype=torch.long, device=kv.device)
+    table = torch.tensor(kv.layer_block_ids(layer_idx, block_ids[:nb]), dtype=torch.long,
+                         device=kv.device)
     k, v = kv.codec.read(kv.layers[layer_idx], table)
     H, D = k.shape[-2], k.shape[-1]
     return k.reshape(-1, H, D)[:num_slots], v.reshape(-1, H, D)[:num_slots]
@@ -49,7 +50,9 @@ def compact_layer(kv: PagedKVCache, layer_idx: int, block_ids: list[int],
     heads = torch.arange(H)[:, None]                                    # (H, 1)
     k_new = k[kept, heads].transpose(0, 1).contiguous()                  # (n, H, D)
     v_new = v[kept, heads].transpose(0, 1).contiguous()
-    dst = slots_of(block_ids, kept.shape[1], kv.block_size).to(kv.device)
+    num_dst_blocks = -(-kept.shape[1] // kv.block_size)
+    dst = slots_of(kv.layer_block_ids(layer_idx, block_ids[:num_dst_blocks]), kept.shape[1],
+                   kv.block_size).to(kv.device)
     kv.codec.write(kv.layers[layer_idx], dst, k_new, v_new)
 
 

@@ -154,8 +154,14 @@ class BlockPool:
         for h, b in self.hash_to_block.items():
             assert self.block_hash[b] == h, f"hash index points at block {b} holding another hash"
         if block_tables is not None:
-            uses = [0] * self.num_blocks
-            for table in block_tables:
-                for b in table:
-                    uses[b] += 1
-            assert uses == self.ref_counts, "refcounts differ from the live block tables"
+            assert table_uses(block_tables, self.num_blocks) == self.ref_counts, \
+                "refcounts differ from the live block tables"
+
+
+def table_uses(block_tables: list[list[int]], num_ids: int) -> list[int]:
+    """How many times each id 0..num_ids-1 appears in the block tables."""
+    uses = [0] * num_ids
+    for table in block_tables:
+        for b in table:
+            uses[b] += 1
+    return uses

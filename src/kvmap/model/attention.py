@@ -93,6 +93,8 @@ class AttentionMetadata:
     # the decode rows' heads-first gather index (quant_attention), built by the first
     # layer and shared by all
     decode_rows: HeadRows | None = None
+    # per-layer block tables (kvmap.engine.layer_tables): layer -> its own metadata
+    layers: list | None = None
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -116,6 +118,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
                     layer_idx: int = 0) -> torch.Tensor:
     """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
     Mutates ``store`` (writes k, v at ``meta.slot_ids``)."""
+    if meta.layers is not None:          # per-layer block tables: this layer's own
+        meta = meta.layers[layer_idx]
     T, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     codec.write(store, meta.slot_ids, k, v)

@@ -4,7 +4,7 @@ A policy only scores tokens; the base class does the rest (budget arithmetic, fo
 keeps, top-k per KV head). The engine (``kvmap.engine.policy_runner``) calls it during
 prefill (after each prefill chunk that leaves the sequence over its budget, when
 ``chunked``; otherwise once, after the chunk that completes the prompt) and during
-decoding (whenever the sequence has grown one block past its budget), layer by layer,
+decoding (every ``decode_every`` decode steps, see below), layer by layer,
 then compacts the kept tokens into the sequence's first blocks and returns the freed
 blocks to the pool (``kvmap.kv.compaction``).
 
@@ -14,10 +14,22 @@ budget given as a fraction of the prompt is known at admission (the prompt lengt
 so the first chunks already compress to the final budget.
 
 Selection is per layer and per KV head: head h of layer l may keep different tokens,
-but every head keeps the same number, so one block table serves all layers. With
-``layer_budgets`` (``kvmap.kv.policies.layer_budgets``: ``pyramid`` or one budget per
-layer) layers keep different numbers; the sequence holds the largest and a smaller
-layer's unused slots are masked out of attention.
+but every head keeps the same number. With ``layer_budgets``
+(``kvmap.kv.policies.layer_budgets``: ``pyramid`` or one budget per layer) layers keep
+different numbers: a smaller layer's unused slots are masked out of attention, and with
+per-layer block tables (``layer_tables``, ``kvmap.kv.layer_pool``) their blocks are
+returned to the pool.
+
+Decoding-time compression (``decode_every``, an option of every budgeted policy): a long
+generation grows the cache one slot a step past the budget; once it has grown
+``decode_every`` slots past it, the sequence is compressed back to the budget and the
+emptied tail blocks go back to the pool, so during decode a sequence holds at most
+``budget + decode_every - 1`` slots (rounded up to whole blocks). Unset, it is the
+engine's block size (compress whenever a whole block is spent); ``0`` never compresses
+during decode (only the prompt is compressed, as kvpress does: the cache then grows by
+one token a step). Larger values compress less often (less scoring work) for a higher
+peak. The budget is the target in both phases: a token count (a cap, however long the
+generation), or a fraction of the prompt.
 
 Slots are in time order (compaction preserves order), so "recent" means the last slots
 and "sinks" the first ones.
@@ -105,10 +117,29 @@ class Policy(Options):
                              f"or a fraction of the prompt in (0, 1]")
         if "layer_budgets" in self.options:
             parse_layer_budgets(self.options["layer_budgets"])
+        tables = self.options.get("layer_tables")
+        if tables not in (None, "shared", "per-layer"):
+            raise ValueError(f"{self.name}(layer_tables={tables!r}) must be shared or "
+                             f"per-layer (unset: per-layer when the codec allows it)")
+        self.validate_decode_every()
         for key in ("sinks", "recent", "window"):
             v = self.options.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{self.name}({key}={v!r}) must be an integer >= 0")
+
+    def validate_decode_every(self) -> None:
+        every = self.options.get("decode_every")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                                  or every < 0):
+            raise ValueError(f"{self.name}(decode_every={every!r}) must be an integer >= 0: "
+                             f"decode steps between compressions (0 = never during decode; "
+                             f"unset = one block)")
+
+    def decode_every_steps(self, block_size: int) -> int:
+        """Decode steps between two compressions of a sequence (module docstring): the
+        ``decode_every`` option, by default ``block_size``; 0 = none during decode."""
+        every = self.options.get("decode_every")
+        return block_size if every is None else every
 
     # ---- budget --------------------------------------------------------------------
     def budget_tokens(self, num_prompt_tokens: int) -> int:
@@ -133,12 +164,17 @@ class Policy(Options):
         decode time the context outgrows the prompt), by default the context itself."""
         _check_tokens(context_tokens)
         prompt = context_tokens if num_prompt_tokens is None else num_prompt_tokens
-        return [min(context_tokens, b) for b in self.layer_budget_tokens(prompt, num_layers)]
+        budgets = self.layer_budget_tokens(prompt, num_layers)
+        if self.options.get("decode_every") == 0 and context_tokens > prompt:
+            # only the prompt was compressed: every generated token stays
+            return [min(prompt, b) + context_tokens - prompt for b in budgets]
+        return [min(context_tokens, b) for b in budgets]
 
     def resident_tokens(self, context_tokens: int, *, num_layers: int | None = None,
                         num_prompt_tokens: int | None = None) -> int:
         """Tokens of a ``context_tokens`` sequence the cache holds once the policy has
-        compressed it: the slots of its one block table, i.e. the largest layer's share
+        compressed it: the slots of its block table, i.e. the largest layer's share
+        (an upper bound with per-layer block tables, where each layer holds its own)
         (``layer_resident_tokens``). Block rounding and the prefill chunk in flight are the
         caller's (``kvmap.plan.capacity.resident_blocks``). ``num_layers`` is needed only
         with ``layer_budgets=pyramid``; an explicit list gives its own length."""

@@ -12,11 +12,13 @@
   ``budget``: ``layer_budgets=0.5/0.4/0.3/...`` in a spec string (``/`` separates them,
   since ``,`` separates options), or a Python list.
 
-Every layer keeps at least ``floor`` tokens (the policy's forced keeps). The paged
-engine keeps one block table for all layers, so a sequence holds ``max(layer budgets)``
-slots: a layer with a smaller budget leaves the rest of its slots empty (masked out of
-attention). Per-layer budgets change which tokens each layer sees, not the pool's peak,
-which follows the largest layer budget.
+Every layer keeps at least ``floor`` tokens (the policy's forced keeps). A sequence's
+slot layout follows the largest layer budget B: a layer with a smaller budget b_l keeps
+its tokens in slots 0..b_l-1 and leaves slots b_l..B-1 empty (masked out of attention).
+With per-layer block tables (the policy's ``layer_tables``, per-layer by default where
+the codec allows: ``kvmap.kv.layer_pool``) the blocks of that hole go back to the pool,
+so memory follows the sum of the layer budgets; with ``layer_tables=shared`` (one table
+for all layers) the hole stays resident and the pool's peak follows B.
 """
 from __future__ import annotations
 

@@ -6,7 +6,11 @@ whatever else is in the batch or ran before.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``seed`` -- integer seed of the draws; ``chunked`` -- compress after each prefill chunk
-(default true); ``layer_budgets`` -- ``pyramid`` or one budget per layer.
+(default true); ``layer_budgets`` -- ``pyramid`` or one budget per layer;
+``layer_tables`` -- ``per-layer`` (a smaller layer's blocks go back to the pool; the
+default where the codec allows) or ``shared`` (one table, masked; ``kvmap.kv.layer_pool``);
+``decode_every`` -- decode steps between compressions during generation (default one
+block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 @POLICIES.register
 class Random(Policy):
     name = "random"
-    defaults = {"budget": 0.25, "seed": 0, "chunked": True, "layer_budgets": None}
+    defaults = {"budget": 0.25, "seed": 0, "chunked": True, "layer_budgets": None,
+                "layer_tables": None, "decode_every": None}
 
     def validate(self) -> None:
         super().validate()

@@ -27,7 +27,11 @@ Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the pr
 ``window`` -- observation queries (and forced recent tokens, at most the budget);
 ``kernel`` -- pooling width in tokens; ``pooling`` -- ``avg`` (the paper) or ``max``;
 ``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
-``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``).
+``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``);
+``layer_tables`` -- ``per-layer`` (a smaller layer's blocks go back to the pool; the
+default where the codec allows) or ``shared`` (one table, masked; ``kvmap.kv.layer_pool``);
+``decode_every`` -- decode steps between compressions during generation (default one
+block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 class SnapKV(Policy):
     name = "snapkv"
     defaults = {"budget": 0.25, "window": 32, "kernel": 11, "pooling": "avg", "chunked": False,
-                "layer_budgets": None}
+                "layer_budgets": None, "layer_tables": None, "decode_every": None}
     needs_window_attention = True
 
     def validate(self) -> None:

@@ -6,7 +6,9 @@ the first few tokens absorb attention mass whatever their content, so keeping th
 is ``sinks + window`` tokens; ``budget=B`` instead sets the window to B - sinks (a count,
 or a fraction of the prompt). With ``chunked`` (the default) the prompt is compressed
 after each prefill chunk, as StreamingLLM streams its input: the kept set is the same
-sinks + window, and the peak is the budget plus one chunk.
+sinks + window, and the peak is the budget plus one chunk. ``decode_every`` -- decode
+steps between compressions during generation (default one block; 0 = compress the
+prompt only; ``kvmap.kv.policies.base``).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 @POLICIES.register
 class StreamingLLM(Policy):
     name = "streaming_llm"
-    defaults = {"sinks": 4, "window": None, "budget": None, "chunked": True}
+    defaults = {"sinks": 4, "window": None, "budget": None, "chunked": True,
+                "decode_every": None}
 
     def validate(self) -> None:
         if (self.options["window"] is None) == (self.options["budget"] is None):

@@ -18,7 +18,11 @@ whole prompt is resident until its last token ranks it.
 
 Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the prompt;
 ``chunked`` -- compress after each prefill chunk (default false); ``layer_budgets`` --
-``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``).
+``pyramid`` or one budget per layer (``kvmap.kv.policies.layer_budgets``);
+``layer_tables`` -- ``per-layer`` (a smaller layer's blocks go back to the pool; the
+default where the codec allows) or ``shared`` (one table, masked; ``kvmap.kv.layer_pool``);
+``decode_every`` -- decode steps between compressions during generation (default one
+block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 @POLICIES.register
 class TOVA(Policy):
     name = "tova"
-    defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None}
+    defaults = {"budget": 0.25, "chunked": False, "layer_budgets": None,
+                "layer_tables": None, "decode_every": None}
     needs_window_attention = True      # observation_window is 1: the newest query
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:

@@ -1,0 +1,209 @@
+"""Per-layer block tables: a pool whose unit is one layer's block, so that a layer that
+keeps fewer tokens (per-layer budgets, ``kvmap.kv.policies.layer_budgets``) returns its
+blocks to the pool instead of masking them.
+
+The scheduler still thinks in *groups*: what it allocates, frees and keeps in
+``req.block_ids`` is a group id, one entry per ``block_size`` slots of the sequence, as
+with the shared pool. A group is a row of layer blocks, one per layer, drawn from one
+store that every layer shares (``num_layers * num_blocks`` layer blocks, the same bytes
+as the shared pool). A policy that leaves a hole in layer l (its slots
+``first..end-1`` empty) releases the layer blocks that lie wholly inside it; the
+group keeps its place in the table and the layer reads it as masked:
+
+    groups (req.block_ids):        g0     g1     g2     g3
+    layer 0 (b=16, no hole):      [17]   [40]   [ 3]   [52]       bs = 4, B = 16
+    layer 1 (b=6,  hole (6, 16)): [18]   [41]   [ -]   [ -]       2 blocks back to the pool
+
+    slot i of layer l lives at  members[block_ids[i // bs], l] * bs + i % bs
+
+A layer holds ``ceil(b_l / bs)`` blocks for its kept tokens, plus the block that holds
+slot ``B`` when ``B`` (the largest layer budget) is not a multiple of ``bs`` (new tokens
+land there), plus one block per group of tokens decoded since. Resident bytes are
+``layer blocks used x bytes of one layer's block``, exactly.
+
+Prefix caching is off here (a group is never shared: refcounts are 0 or 1), and codecs
+that keep per-layer state (static scales, KIVI's staging rows) cannot share one store:
+``shareable`` says which.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+
+from kvmap.kv.pool import table_uses
+
+RELEASED = -1      # a layer's entry in a group once its block went back to the pool
+
+
+def shareable(codec, geom, compute_dtype) -> bool:
+    """Whether one store can serve every layer: no per-layer state (static scale ranges)
+    and no staging rows beside the blocks (KIVI's residual window)."""
+    return getattr(codec, "ranges", None) is None and \
+        codec.staging_bytes(geom, 1, compute_dtype) == 0
+
+
+def wants_per_layer_tables(policy, codec, geom, compute_dtype, has_tiers: bool) -> bool:
+    """Whether a cache for this configuration gets per-layer tables: only for a policy
+    with ``layer_budgets`` (the default path keeps the shared table). Its
+    ``layer_tables`` option decides; unset, per-layer where the codec is ``shareable``
+    and there are no tiers (they index blocks by prefix hash), shared (masked) otherwise.
+    ``layer_tables=per-layer`` that cannot be honoured raises a ValueError naming why."""
+    if policy is None or policy.options.get("layer_budgets") is None:
+        return False
+    asked = policy.options.get("layer_tables")
+    if asked == "shared":
+        return False
+    why = None if shareable(codec, geom, compute_dtype) else \
+        f"codec {codec!r} keeps per-layer state (static scales or staging rows)"
+    if why is None and has_tiers:
+        why = "tiers(...) keep blocks by prefix hash, which per-layer tables do not have"
+    if why is not None and asked == "per-layer":
+        raise ValueError(f"{policy!r}: layer_tables=per-layer needs one store shared by "
+                         f"every layer, but {why}; use layer_tables=shared")
+    return why is None
+
+
+class LayerBlockPool:
+    """Layer blocks 0..num_layers*num_blocks-1 of one shared store, handed out in groups
+    of one per layer. Has the scheduler-facing interface of ``BlockPool`` in group units
+    (``num_blocks``, ``num_free``, ``allocate``, ``free``, ...). Not thread-safe."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_layers: int):
+        if num_blocks <= 0 or num_layers <= 0:
+            raise ValueError(f"num_blocks={num_blocks!r} and num_layers={num_layers!r} must "
+                             f"be positive")
+        self.num_blocks = num_blocks              # groups the pool holds when all are whole
+        self.block_size = block_size
+        self.num_layers = num_layers
+        self.num_layer_blocks = num_blocks * num_layers
+        self.free_layer_blocks: OrderedDict[int, None] = OrderedDict(
+            (b, None) for b in range(self.num_layer_blocks))
+        # group id -> its layer blocks (num_layers,), RELEASED where given back. A group
+        # holds at least one layer block, so there are never more groups than blocks.
+        self.members = torch.full((self.num_layer_blocks, num_layers), RELEASED,
+                                  dtype=torch.long)
+        self.free_groups: list[int] = list(range(self.num_layer_blocks - 1, -1, -1))
+        self.ref_counts = [0] * self.num_layer_blocks     # per group id
+        self.num_prefix_queries = self.num_prefix_hits = self.num_evicted_hashes = 0
+        self.hash_to_block: dict = {}
+        self.peak_num_used_blocks = 0
+        self.peak_num_used_layer_blocks = 0
+        self.on_evict: Callable | None = None
+        self.on_used: list[Callable[[], object]] = []
+
+    # ---- queries (group units, as BlockPool) ---------------------------------------
+    @property
+    def num_used_layer_blocks(self) -> int:
+        return self.num_layer_blocks - len(self.free_layer_blocks)
+
+    @property
+    def num_free(self) -> int:
+        """Whole groups that can still be allocated."""
+        return len(self.free_layer_blocks) // self.num_layers
+
+    @property
+    def num_used(self) -> int:
+        """Groups' worth of layer blocks in use, rounded up (exact bytes: ``usage``)."""
+        return self.num_blocks - self.num_free
+
+    def usage(self) -> float:
+        return self.num_used_layer_blocks / self.num_layer_blocks
+
+    def reset_peak(self) -> None:
+        self.peak_num_used_blocks = self.num_used
+        self.peak_num_used_layer_blocks = self.num_used_layer_blocks
+
+    # ---- allocation ----------------------------------------------------------------
+    def allocate(self, num_blocks: int) -> list[int]:
+        """``num_blocks`` new groups, each with a fresh block in every layer."""
+        if num_blocks > self.num_free:
+            raise MemoryError(f"asked for {num_blocks} blocks, {self.num_free} free")
+        out = []
+        for _ in range(num_blocks):
+            group = self.free_groups.pop()
+            for layer in range(self.num_layers):
+                block_id = next(iter(self.free_layer_blocks))
+                del self.free_layer_blocks[block_id]
+                self.members[group, layer] = block_id
+            self.ref_counts[group] = 1
+            out.append(group)
+        self.peak_num_used_blocks = max(self.peak_num_used_blocks, self.num_used)
+        self.peak_num_used_layer_blocks = max(self.peak_num_used_layer_blocks,
+                                              self.num_used_layer_blocks)
+        for observe in self.on_used:
+            observe()
+        return out
+
+    def free(self, block_ids: list[int]) -> None:
+        """Free groups: their remaining layer blocks go back to the pool."""
+        for group in reversed(block_ids):
+            if self.ref_counts[group] != 1:
+                raise ValueError(f"free of group {group} whose refcount is "
+                                 f"{self.ref_counts[group]}")
+            self.ref_counts[group] = 0
+            for layer in range(self.num_layers):
+                self.release(group, layer)
+            self.free_groups.append(group)
+
+    def release(self, group: int, layer: int) -> bool:
+        """Give layer ``layer``'s block of ``group`` back (the group stays allocated).
+        Returns whether a block was released (False if it already was)."""
+        block_id = int(self.members[group, layer])
+        if block_id == RELEASED:
+            return False
+        self.members[group, layer] = RELEASED
+        self.free_layer_blocks[block_id] = None
+        return True
+
+    def release_holes(self, block_ids: list[int], holes: dict[int, tuple[int, int]]) -> int:
+        """For each layer -> (first, end) hole, release the layer's blocks lying wholly
+        inside slots first..end-1. Returns how many layer blocks were released."""
+        bs, n = self.block_size, 0
+        for layer, (first, end) in holes.items():
+            for j in range(-(-first // bs), end // bs):
+                n += self.release(block_ids[j], layer)
+        return n
+
+    def incref(self, block_id: int) -> None:
+        raise ValueError("per-layer block tables share no group (prefix caching is off)")
+
+    # ---- tables ----------------------------------------------------------------------
+    def layer_table(self, layer: int, block_ids: list[int]) -> list[int]:
+        """Layer ``layer``'s block ids for a group table; a released entry reads block 0
+        (only ever masked slots, never written)."""
+        return self.members[block_ids, layer].clamp(min=0).tolist()
+
+    def layer_blocks(self, group_ids: torch.Tensor) -> torch.Tensor:
+        """(..., num_layers) layer block ids of a tensor of group ids (...), released
+        entries as block 0."""
+        return self.members[group_ids.cpu()].clamp(min=0).to(group_ids.device)
+
+    # ---- prefix cache: off ---------------------------------------------------------
+    def lookup(self, block_hashes: list[bytes]) -> list[int]:
+        return []
+
+    def register_hash(self, block_id: int, block_hash: bytes) -> None:
+        pass
+
+    def forget_hash(self, block_id: int) -> None:
+        pass
+
+    # ---- invariants ------------------------------------------------------------------
+    def check_integrity(self, block_tables: list[list[int]] | None = None) -> None:
+        """Raise AssertionError if layer blocks are lost, doubly owned, or groups' refcounts
+        differ from the live tables."""
+        owned = self.members[self.members >= 0].tolist()
+        assert len(owned) == len(set(owned)), "a layer block belongs to two groups"
+        assert not set(owned) & set(self.free_layer_blocks), "a free layer block is owned"
+        assert len(owned) + len(self.free_layer_blocks) == self.num_layer_blocks, \
+            "layer blocks lost"
+        for g, rc in enumerate(self.ref_counts):
+            assert rc in (0, 1), f"group {g} has refcount {rc}"
+            assert rc or bool((self.members[g] == RELEASED).all()), \
+                f"free group {g} still holds layer blocks"
+        assert len(self.free_groups) == self.ref_counts.count(0), "group ids lost"
+        if block_tables is not None:
+            assert table_uses(block_tables, self.num_layer_blocks) == self.ref_counts, \
+                "refcounts differ from the live block tables"
