@@ -153,12 +153,14 @@ class PPLTask(Task):
                 sample_logp.append(logp)
                 sample_nll.append(token_nll(logp, ids[c:]))
         nll = torch.cat(sample_nll)
-        metrics = {"ppl": perplexity(nll), "nll_mean": float(nll.mean()),
+        # means in float64, as perplexity(): the paired delta of per-sample means then
+        # equals the pooled perplexity ratio to rounding even when the two differ little
+        metrics = {"ppl": perplexity(nll), "nll_mean": float(nll.double().mean()),
                    "num_tokens_scored": int(nll.numel()), "num_samples": len(samples),
                    "ppl_definition": "continuation",        # prompt_ppl: prompt_logprobs
                    "kv_bytes_peak": peak[0], "wall_s": time.perf_counter() - t0}
         records = [{"sample_id": f"ppl/{c}+{self.continuation}/{i}",
-                    "nll_mean": float(x.mean()), "num_tokens": int(x.numel())}
+                    "nll_mean": float(x.double().mean()), "num_tokens": int(x.numel())}
                    for i, x in enumerate(sample_nll)]
         return TaskRun(metrics, records, state=sample_logp)
 
