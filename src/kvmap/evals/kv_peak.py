@@ -28,7 +28,7 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
     pool, bytes_per_block = kv.pool, kv.bytes_per_block
     outer_peak = pool.peak_num_used_blocks
     pool.reset_peak()
-    peak = [pool.num_used * bytes_per_block]
+    peak = [kv.resident_block_bytes()]
     staged = [0]
 
     def sample() -> None:                 # blocks + staging rows, at this moment
@@ -42,5 +42,7 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
         if kv.staging_bytes:
             pool.on_used.remove(sample)
             sample()
-        peak[0] = max(pool.peak_num_used_blocks * bytes_per_block, staged[0])
+        blocks = (pool.peak_num_used_layer_blocks * kv.layer_block_bytes
+                  if kv.per_layer_tables else pool.peak_num_used_blocks * bytes_per_block)
+        peak[0] = max(blocks, staged[0])
         pool.peak_num_used_blocks = max(outer_peak, pool.peak_num_used_blocks)
