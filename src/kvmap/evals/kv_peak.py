@@ -28,7 +28,7 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
     pool, bytes_per_block = kv.pool, kv.bytes_per_block
     outer_peak = pool.peak_num_used_blocks
     pool.reset_peak()
-    peak = [kv.resident_block_bytes()]
+    peak = [pool.num_used * bytes_per_block]
     staged = [0]
 
     def sample() -> None:                 # blocks + staging rows, at this moment
@@ -43,6 +43,7 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
             pool.on_used.remove(sample)
             sample()
         blocks = (pool.peak_num_used_layer_blocks * kv.layer_block_bytes
-                  if kv.per_layer_tables else pool.peak_num_used_blocks * bytes_per_block)
+                  if getattr(kv, "per_layer_tables", False)
+                  else pool.peak_num_used_blocks * bytes_per_block)
         peak[0] = max(blocks, staged[0])
         pool.peak_num_used_blocks = max(outer_peak, pool.peak_num_used_blocks)
