@@ -95,3 +95,27 @@ def test_deployment_cells_keep_only_the_configurations_that_ran_it(tmp_path):
 
 def test_one_workload_has_no_separate_deployments(sweep_run):
     assert analyze(load_run(sweep_run)).deployments == []
+
+
+def test_the_headline_checklist_is_read_on_the_primary_deployment(tmp_path):
+    a = analyze(load_run(two_deployments(tmp_path)))
+    assert a.constraints.slo == SWEEP_SLO                 # chat's (the scenario's) SLA
+    # the checklist lists chat's configurations only: S2's snapkv never ran chat
+    assert set(a.checklist) == {"bf16", "int8", "tiers(host=64MiB)"}
+    assert a.recommendation.choice in a.checklist
+
+
+def test_one_workload_with_its_own_sla_is_held_to_it(tmp_path):
+    cells = long_cells()
+    run = store_run(tmp_path / "one", cells, {"name": "one", "slo": {},
+                                              "workloads": [{"name": "long", "slo": LONG_SLO}],
+                                              "engine": {"kv_memory": "128MiB"}})
+    a = analyze(load_run(run))
+    assert a.deployments == [] and a.constraints.slo == LONG_SLO
+    assert a.recommendation.choice == "tiers(host=64MiB)"
+
+
+def test_a_block_size_sweep_is_one_deployment():
+    from kvmap.report.deployments import workload_names
+    cells = [{"workload": w} for w in ("frag@bs8", "frag@bs16", "long", "frag@bs32")]
+    assert workload_names(cells) == ["frag@bs8", "long"]

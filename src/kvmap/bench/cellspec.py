@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvmap.bench.endpoint_spec import EndpointEntry
+from kvmap.bench.block_sweep import base_name
 from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_obj, redact_spec
 from kvmap.model.dummy import DUMMY_PREFIX
@@ -192,9 +193,18 @@ class Scenario:
         """Every endpoint's cells, endpoint by endpoint (its server runs once for them):
         the workloads, then the tasks, that name it (or name no endpoints)."""
         cells = []
+        # a block-size sweep is one job for a server (its block size is the server's
+        # own): its first size's entries only
+        jobs, seen = [], set()
+        for w in self.workloads:
+            key = (base_name(w.name), json.dumps(w.load, sort_keys=True))
+            if w.block_size is not None and key in seen:
+                continue
+            seen.add(key)
+            jobs.append(w)
         for ep in self.endpoints:
             model = ModelEntry(ep.model, dtype=None)     # the server's, not known here
-            for job in (*self.workloads, *self.tasks):
+            for job in (*jobs, *self.tasks):
                 if job.endpoints is None or ep.name in job.endpoints:
                     kind = "workload" if isinstance(job, WorkloadEntry) else "task"
                     cells.append(self._cell(model, ep.name, self.engine, endpoint=ep,

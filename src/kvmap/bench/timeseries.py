@@ -39,7 +39,7 @@ def snapshot(engine) -> dict:
     running = list(sched.running)
     waste = kv_waste(engine)
     out = {"num_running": len(running), "num_waiting": len(sched.waiting),
-           "kv_resident_bytes_device": kv.pool.num_used * kv.bytes_per_block,
+           "kv_resident_bytes_device": kv.resident_block_bytes(),
            "kv_waste_bytes": waste.waste_bytes, "kv_waste_share": waste.share}
     store = getattr(engine, "store", None)
     for level in (store.levels if store is not None else []):

@@ -42,5 +42,8 @@ def track_peak_kv_bytes(engine) -> Iterator[list[int]]:
         if kv.staging_bytes:
             pool.on_used.remove(sample)
             sample()
-        peak[0] = max(pool.peak_num_used_blocks * bytes_per_block, staged[0])
+        blocks = (pool.peak_num_used_layer_blocks * kv.layer_block_bytes
+                  if getattr(kv, "per_layer_tables", False)
+                  else pool.peak_num_used_blocks * bytes_per_block)
+        peak[0] = max(blocks, staged[0])
         pool.peak_num_used_blocks = max(outer_peak, pool.peak_num_used_blocks)

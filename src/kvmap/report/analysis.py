@@ -4,12 +4,12 @@ budget, the scenario's KV pool as the memory budget of the checklist).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvmap.config import parse_size
 from kvmap.report.checklist import CheckItem, checklist
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.deployments import Deployment, deployments
+from kvmap.report.deployments import Deployment, deployments, workload_names
 from kvmap.report.loader import Run
 from kvmap.report.recommend import Constraints, Recommendation, recommend
 
@@ -44,21 +44,27 @@ def analyze(run: Run, constraints: Constraints | None = None,
     recommendation is its primary deployment's (the workload with the most requests)."""
     constraints = constraints or default_constraints(run)
     seed = run.metadata.get("seed") or 0
-    configs = summarize(run.cells, run.rows_by_cell, constraints.slo, seed=seed)
     workload_slo = run.workload_slo if per_workload_slo else None
+    names = workload_names(run.cells)
+    if workload_slo and len(names) == 1 and names[0] in workload_slo:
+        constraints = replace(constraints, slo=workload_slo[names[0]])   # the bench's own
+    configs = summarize(run.cells, run.rows_by_cell, constraints.slo, seed=seed)
     deps = deployments(run.cells, run.rows_by_cell, constraints, objective, workload_slo,
                        run.slo, seed=seed)
     primary = next((d for d in deps if configs and d.workload == configs[0].primary_workload),
                    None)
-    if primary is not None and workload_slo:
-        rec = primary.recommendation
-    else:
-        rec = recommend(configs, constraints, objective)
     budget = constraints.kv_budget_bytes
     if budget is None and run.kv_memory:
         try:
             budget = parse_size(run.kv_memory, "kv_memory")
         except ValueError:
             budget = None
+    if primary is not None and workload_slo:
+        # the headline is the primary deployment's: its answer and its checklist are
+        # read on that workload under its own SLA
+        held = replace(constraints, slo=primary.slo)
+        return Analysis(run, configs, held, primary.recommendation,
+                        checklist(primary.configs, held, budget), budget, deps)
+    rec = recommend(configs, constraints, objective)
     return Analysis(run, configs, constraints, rec, checklist(configs, constraints, budget),
                     budget, deps)

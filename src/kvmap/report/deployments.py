@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvmap.bench.block_sweep import base_name
 from kvmap.report.configs import ConfigSummary, summarize
 from kvmap.report.recommend import Constraints, Recommendation, recommend
 
@@ -29,11 +30,16 @@ class Deployment:
 
 
 def workload_names(cells: list[dict]) -> list[str]:
-    """The run's workloads in scenario order."""
+    """The run's workloads in scenario order; a block-size sweep (``frag@bs8``,
+    ``frag@bs16``, ...) is one deployment, judged at the first block size it lists (the
+    fragmentation table compares the sizes)."""
     names: list[str] = []
+    bases: set[str] = set()
     for c in cells:
-        if c.get("workload") and c["workload"] not in names:
-            names.append(c["workload"])
+        w = c.get("workload")
+        if w and w not in names and base_name(w) not in bases:
+            names.append(w)
+            bases.add(base_name(w))
     return names
 
 

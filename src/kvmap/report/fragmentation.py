@@ -64,7 +64,8 @@ def fragmentation_rows(cells: list[dict]) -> list[FragmentationRow]:
     groups: dict[tuple, dict[int, dict]] = {}
     for c in cells:
         name = c.get("workload")
-        if c.get("status") != "ok" or not name or base_name(name) == name:
+        if c.get("status") != "ok" or not name or base_name(name) == name \
+                or (c.get("metrics") or {}).get("endpoint"):    # a server's own block size
             continue
         size = _block_size(c)
         if size is None:

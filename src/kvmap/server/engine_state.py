@@ -53,7 +53,7 @@ def engine_state(engine: Engine) -> EngineState:
     runner = engine.policy_runner
     return EngineState(
         num_running=len(engine.scheduler.running),
-        resident_bytes=pool.num_used * per_block, capacity_bytes=pool.num_blocks * per_block,
+        resident_bytes=engine.kv.resident_block_bytes(), capacity_bytes=pool.num_blocks * per_block,
         usage=pool.usage(), num_preemptions=engine.scheduler.num_preemptions,
         prefix_cache_queries=pool.num_prefix_queries, prefix_cache_hits=pool.num_prefix_hits,
         num_evicted_tokens=runner.num_evicted_tokens if runner is not None else 0,

@@ -241,10 +241,10 @@ class TieredStore:
         at a fetch that fails, or when the pool has no free block."""
         pool, bs = self.kv.pool, self.block_size
         hashes = block_hashes[start_block:]
-        for level in self.levels:                   # shared levels read their index
-            level.tier.discover(hashes)
         plan: list[Level | None] = []               # None: the pool holds it
-        with self.lock:
+        with self.lock:      # discover changes a shared level's local view: the reader's too
+            for level in self.levels:               # shared levels read their index
+                level.tier.discover(hashes)
             for h in hashes:
                 if h in pool.hash_to_block:
                     plan.append(None)
