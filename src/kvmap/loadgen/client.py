@@ -46,13 +46,15 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint,
                        request: WorkloadRequest, result: RawResult) -> RawResult:
     """``_send`` once; again, once, when the server dropped the connection before any
     response (a pooled keep-alive connection it had closed: llama.cpp's server does
-    this), from a fresh send time -- a request the server never answered is not load it
-    served."""
+    this), from a fresh send time and on a connection of its own (another pooled one may
+    be just as stale) -- a request the server never answered is not load it served."""
     await _send(session, endpoint, request, result)
     if result.error_kind == "disconnected" and result.http_status is None \
             and not result.chunk_times_s:
         fresh = RawResult(result.request_id)
-        await _send(session, endpoint, request, fresh)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=session.timeout) as own:
+            await _send(own, endpoint, request, fresh)
         result.__dict__.update(fresh.__dict__)
     return result
 
