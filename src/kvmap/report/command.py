@@ -50,11 +50,9 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
     from kvmap.config import parse_size
     from kvmap.report.analysis import DEFAULT_MAX_ACCURACY_DROP_PCT, analyze
     from kvmap.report.loader import load_run
-    from kvmap.report.recommend import OBJECTIVES, Constraints
+    from kvmap.report.recommend import Constraints, check_objective
     try:
-        if objective not in OBJECTIVES:
-            raise ValueError(f"--objective={objective!r} is not one of "
-                             f"{', '.join(OBJECTIVES)}")
+        check_objective(objective)
         run = load_run(run_dir)
         constraints = Constraints(
             slo=parse_slo(slo) if slo is not None else run.slo,

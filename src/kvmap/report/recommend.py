@@ -42,6 +42,19 @@ _OBJECTIVE = {  # objective -> (attribute, higher is better, label)
 }
 
 
+def check_objective(objective: str) -> str:
+    """``objective`` if it is one of ``OBJECTIVES``; ValueError naming it otherwise (the
+    CLI's wording: ``kvmap report``/``recommend``/``tune --objective``)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
+    return objective
+
+
+def higher_is_better(objective: str) -> bool:
+    """Whether a larger figure wins on ``objective``."""
+    return _OBJECTIVE[objective][1]
+
+
 @dataclass(frozen=True)
 class Constraints:
     """The SLA (normalized keys -> seconds), the accuracy budget in percent (see

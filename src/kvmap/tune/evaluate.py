@@ -10,16 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.recommend import OBJECTIVES, Constraints, check, objective_value
-
-HIGHER_IS_BETTER = {"throughput": True, "memory": False, "latency": False}
-
-
-def check_objective(objective: str) -> str:
-    if objective not in OBJECTIVES:
-        raise ValueError(f"--objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
-    return objective
-
+from kvmap.report.recommend import Constraints, check, higher_is_better, objective_value
 
 @dataclass(frozen=True)
 class Point:
@@ -68,7 +59,7 @@ def better(a: Verdict, b: Verdict | None, objective: str) -> bool:
         return a.objective is not None
     if a.objective is None:
         return False
-    return a.objective > b.objective if HIGHER_IS_BETTER[objective] else a.objective < b.objective
+    return a.objective > b.objective if higher_is_better(objective) else a.objective < b.objective
 
 
 def renamed(summary: ConfigSummary, name: str) -> ConfigSummary:

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from kvmap.bench.backends import CellBackend
 from kvmap.report.recommend import Constraints
-from kvmap.tune.evaluate import check_objective
+from kvmap.report.recommend import check_objective
 from kvmap.tune.executor import Executor
 from kvmap.tune.path import write_path
 from kvmap.tune.search import Search, TuneResult, grid_cells
