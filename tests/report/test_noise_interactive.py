@@ -81,3 +81,48 @@ def test_a_failed_level_is_a_gap_in_the_drawn_curve(tmp_path):
     tput = next(t for t in curves.data if t.name == "int8")
     assert tput.y[1] is None and tput.connectgaps is False
     assert "failed" in render(a)
+
+
+def _bound(cells, running: dict[str, int]):
+    """Every configuration fills the same 64 MiB pool at its top level (memory binds)
+    and holds ``running[kv]`` sequences there."""
+    top = max(c[0]["load"]["value"] for c in cells)
+    for record, _ in cells:
+        if record["load"]["value"] == top:
+            record["metrics"].update(peak_kv_resident_bytes=64 << 20, num_pool_full_steps=7,
+                                     concurrency_max=running[record["kv"]])
+    return cells
+
+
+def test_where_memory_binds_the_map_adds_kv_per_running_sequence(tmp_path):
+    from tests.report.conftest import SWEEP_SLO, _tasks, sweep_cells, write_run
+    from kvmap.report.plots import bound_workload, tradeoff_map
+    cells = _bound(sweep_cells(["bf16", "int8"]), {"bf16": 16, "int8": 30})
+    cells += [(t, []) for kv, drop in (("bf16", 0.0), ("int8", 0.5))
+              for t in _tasks(kv, drop, [1, 1, 1, 1], 30 << 20)]
+    a = analyze(load_run(write_run(tmp_path / "bound", cells, SWEEP_SLO)))
+    by = {c.name: c for c in a.configs}
+    # the pool is full for both: peak bytes are equal and hide int8's saving ...
+    assert by["bf16"].peak_kv_bytes == by["int8"].peak_kv_bytes == 64 << 20
+    # ... which the cost of one running sequence shows
+    assert by["bf16"].kv_per_seq_bytes == pytest.approx((64 << 20) / 16)
+    assert by["int8"].kv_per_seq_bytes == pytest.approx((64 << 20) / 30)
+    assert bound_workload(a.configs) == "chat"
+    fig = tradeoff_figure(a.configs, a.recommendation.choice)
+    assert [ann.text.split(" (")[0] for ann in fig.layout.annotations][:3] == [
+        "memory vs accuracy", "where memory binds", "speed vs tail latency on chat"]
+    assert fig.layout.xaxis2.title.text == "peak KV per running sequence (MiB), chat"
+    int8 = next(t for t in fig.data if t.mode == "markers+text" and t.xaxis == "x2"
+                and "cfg-int8" in t.customdata)
+    assert list(int8.x) == pytest.approx([64 / 30])
+    assert tradeoff_map(a.configs, a.recommendation.choice)       # draws three panels
+
+
+def test_where_memory_does_not_bind_the_map_keeps_two_panels(sweep_run):
+    from kvmap.report.plots import bound_workload
+    a = analyze(load_run(sweep_run))
+    assert not any(c.memory_binds for c in a.configs)
+    assert bound_workload(a.configs) is None
+    fig = tradeoff_figure(a.configs, a.recommendation.choice)
+    assert len(fig.layout.annotations) == 2
+    assert fig.layout.xaxis2.title.text == "P99 time between tokens (ms)"

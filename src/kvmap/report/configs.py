@@ -18,6 +18,10 @@ Definitions (``docs/report.md`` explains them for readers):
 - ``slo_measured``: for each SLA key, the worst value over the configuration's workloads
   (``measure_slo``); a bare key (``ttft``) is read at the 99th percentile of requests;
   a swept workload counts at its highest level within the SLA (its lowest when none is);
+- ``kv_per_seq_bytes``: the primary workload's peak resident KV over its largest number
+  of sequences running at once -- what one sequence costs where memory binds
+  (``memory_binds``: some step could not admit or had to preempt for lack of blocks),
+  since there every configuration fills the same pool and its peak shows no saving;
 - ``idle``: the parts that never acted on the primary workload (``noise.idle_parts``);
   ``equal_to`` then names the configuration without them, which this one equals there.
 """
@@ -56,6 +60,8 @@ class ConfigSummary:
     tbt_p50_s: float | None = None
     tbt_p99_s: float | None = None
     tbt_p99_ci: tuple[float, float] | None = None
+    kv_per_seq_bytes: float | None = None
+    memory_binds: bool = False
     accuracy_drop_pct: float | None = None
     accuracy_na: bool = False          # dummy weights (or the run has tasks, this model none)
     capacity: L.Capacity | None = None                           # primary workload, swept
@@ -159,6 +165,10 @@ def _primary_figures(s: ConfigSummary, slo: dict, seed: int) -> None:
     s.tbt_p99_s = (main.get("tbt_s") or {}).get("p99")
     ci = bootstrap_ci(request_groups(rows, "tbt"), "p99", seed=seed) if rows else None
     s.tbt_p99_ci = (ci["ci_low"], ci["ci_high"]) if ci else None
+    peak, running = main.get("peak_kv_resident_bytes"), main.get("concurrency_max")
+    if isinstance(peak, (int, float)) and running:
+        s.kv_per_seq_bytes = peak / running
+    s.memory_binds = bool(main.get("num_pool_full_steps"))
     duration = main.get("duration_s")
     if rows and duration:
         good = sum(r.get("num_output_tokens") or 0 for r in rows if is_good(r, slo))

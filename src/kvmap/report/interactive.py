@@ -14,7 +14,7 @@ from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary
 from kvmap.report.noise import parts
 from kvmap.report.pareto import pareto_front
-from kvmap.report.plots import MIB, color
+from kvmap.report.plots import MIB, bound_workload, color
 from kvmap.report.table import row_id
 
 FAMILIES = {"codec": "codec", "policy": "selection policy", "tiers": "offload tier"}
@@ -120,32 +120,46 @@ def _front(fig, xs, ys, minimize_y: bool, col: int, legend: bool) -> None:
 
 
 def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figure:
-    """Left: worst accuracy drop (with its interval) against peak resident KV; right:
-    output throughput against P99 TBT on the primary workload, both with intervals."""
+    """Left: worst accuracy drop (with its interval) against peak resident KV; where
+    memory binds in the primary workload, next to it the same against KV per running
+    sequence there (``plots.bound_workload``); right: output throughput against P99 TBT
+    on the primary workload, both with intervals."""
     wl = next((c.primary_workload for c in configs if c.primary_workload), "")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "memory vs accuracy (lower-left is better)",
-        f"speed vs tail latency on {wl} (upper-left is better)"))
+    bound = bound_workload(configs)
+    titles = ["memory vs accuracy (lower-left is better)"]
+    titles += [f"where memory binds ({bound}): cost of a sequence"] if bound else []
+    titles += [f"speed vs tail latency on {wl} (upper-left is better)"]
+    fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.08,
+                        subplot_titles=titles)
     worst = [c.worst_task for c in configs]
-    xs = [c.peak_kv_bytes / MIB if c.peak_kv_bytes is not None else None for c in configs]
     ys = [t.drop_pct if t else (0.0 if c.is_baseline and not c.accuracy_na else None)
           for c, t in zip(configs, worst)]
-    left = any(x is not None and y is not None for x, y in zip(xs, ys))
-    _front(fig, xs, ys, True, 1, left)
+    memory_axes = [([c.peak_kv_bytes for c in configs], "peak resident KV (MiB)")]
+    if bound:
+        memory_axes.append(([c.kv_per_seq_bytes for c in configs],
+                            f"peak KV per running sequence (MiB), {bound}"))
     legend: set = set()
-    _points(fig, configs, xs, ys, [None] * len(configs),
-            [t.drop_ci if t else None for t in worst], choice, 1, legend)
+    left = False
+    for col, (values, title) in enumerate(memory_axes, start=1):
+        xs = [v / MIB if v is not None else None for v in values]
+        drawn = any(x is not None and y is not None for x, y in zip(xs, ys))
+        _front(fig, xs, ys, True, col, drawn and not left)
+        left = left or drawn
+        _points(fig, configs, xs, ys, [None] * len(configs),
+                [t.drop_ci if t else None for t in worst], choice, col, legend)
+        fig.update_xaxes(title_text=title, row=1, col=col)
+        fig.update_yaxes(title_text="accuracy drop (worst task; 95% interval)", row=1,
+                         col=col)
+    col = len(titles)
     xs = [c.tbt_p99_s * 1e3 if c.tbt_p99_s is not None else None for c in configs]
     ys = [c.throughput_tok_s for c in configs]
     xcis = [(c.tbt_p99_ci[0] * 1e3, c.tbt_p99_ci[1] * 1e3) if c.tbt_p99_ci else None
             for c in configs]
-    _front(fig, xs, ys, False, 2, not left)
-    _points(fig, configs, xs, ys, xcis, [c.throughput_ci for c in configs], choice, 2,
+    _front(fig, xs, ys, False, col, not left)
+    _points(fig, configs, xs, ys, xcis, [c.throughput_ci for c in configs], choice, col,
             legend)
-    fig.update_xaxes(title_text="peak resident KV (MiB)", row=1, col=1)
-    fig.update_yaxes(title_text="accuracy drop (worst task; 95% interval)", row=1, col=1)
-    fig.update_xaxes(title_text="P99 time between tokens (ms)", row=1, col=2)
-    fig.update_yaxes(title_text="output tokens/s", row=1, col=2)
+    fig.update_xaxes(title_text="P99 time between tokens (ms)", row=1, col=col)
+    fig.update_yaxes(title_text="output tokens/s", row=1, col=col)
     fig.update_layout(height=520, margin=dict(t=60, b=50), legend_title_text="family",
                       template="plotly_white", hoverlabel=dict(align="left"))
     return fig

@@ -72,24 +72,51 @@ def _err(value: float, ci) -> list | None:
     return [[max(0.0, value - ci[0])], [max(0.0, ci[1] - value)]]
 
 
-def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str:
-    """Left: accuracy drop against peak resident KV bytes; right: throughput against P99
-    time between tokens. Lower-left is better on the left, upper-left on the right."""
-    fig = Figure(figsize=(11, 4.4))
-    left, right = fig.subplots(1, 2)
-    xs = [c.peak_kv_bytes / MIB if c.peak_kv_bytes is not None else None for c in configs]
-    ys = [c.accuracy_drop_pct if c.accuracy_drop_pct is not None
-          else (0.0 if c.is_baseline and not c.accuracy_na else None) for c in configs]
-    if any(y is not None for y in ys):
+def bound_workload(configs: list[ConfigSummary]) -> str | None:
+    """The primary workload when memory binds in it for some configuration: there every
+    configuration fills the same pool, so peak bytes hide the saving and the map adds a
+    panel of KV per running sequence (what the saving buys: sequences at once)."""
+    bound = [c for c in configs if c.memory_binds and c.kv_per_seq_bytes is not None]
+    return bound[0].primary_workload if bound else None
+
+
+def _accuracy_ys(configs: list[ConfigSummary]) -> list[float | None]:
+    return [c.accuracy_drop_pct if c.accuracy_drop_pct is not None
+            else (0.0 if c.is_baseline and not c.accuracy_na else None) for c in configs]
+
+
+def _memory_panel(ax, configs, xs, choice, xlabel: str, title: str) -> None:
+    ys = _accuracy_ys(configs)
+    if any(x is not None and y is not None for x, y in zip(xs, ys)):
         drop_cis = [c.worst_task.drop_ci if c.worst_task else None for c in configs]
-        _scatter_with_front(left, configs, xs, ys, True, choice, ycis=drop_cis)
+        _scatter_with_front(ax, configs, xs, ys, True, choice, ycis=drop_cis)
     else:
-        left.text(0.5, 0.5, "no accuracy task in this run", ha="center",
-                  transform=left.transAxes)
-    left.set_xlabel("peak resident KV (MiB)")
-    left.set_ylabel("accuracy drop (%; worst task, 95% interval)")
-    left.set_title("memory vs accuracy (lower-left is better)")
-    left.axhline(0, color="grey", linewidth=0.5)
+        ax.text(0.5, 0.5, "no accuracy task in this run", ha="center",
+                transform=ax.transAxes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy drop (%; worst task, 95% interval)")
+    ax.set_title(title)
+    ax.axhline(0, color="grey", linewidth=0.5)
+
+
+def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str:
+    """Left: accuracy drop against peak resident KV bytes; where memory binds in the
+    primary workload, next to it the same against KV per running sequence there; right:
+    throughput against P99 time between tokens. Lower-left is better on the memory
+    panels, upper-left on the speed panel."""
+    bound = bound_workload(configs)
+    fig = Figure(figsize=(16 if bound else 11, 4.4))
+    axes = fig.subplots(1, 3 if bound else 2)
+    xs = [c.peak_kv_bytes / MIB if c.peak_kv_bytes is not None else None for c in configs]
+    _memory_panel(axes[0], configs, xs, choice, "peak resident KV (MiB)",
+                  "memory vs accuracy (lower-left is better)")
+    if bound:
+        xs = [c.kv_per_seq_bytes / MIB if c.kv_per_seq_bytes is not None else None
+              for c in configs]
+        _memory_panel(axes[1], configs, xs, choice,
+                      f"peak KV per running sequence (MiB), {bound}",
+                      "where memory binds: cost of a sequence")
+    right = axes[-1]
     xs = [c.tbt_p99_s * 1000 if c.tbt_p99_s is not None else None for c in configs]
     ys = [c.throughput_tok_s for c in configs]
     if any(x is not None and y is not None for x, y in zip(xs, ys)):
@@ -104,15 +131,15 @@ def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str
     right.set_xlabel(f"P99 time between tokens (ms), {wl}")
     right.set_ylabel("output tokens/s")
     right.set_title("speed vs tail latency (upper-left is better)")
-    for ax in (left, right):
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.margins(x=0.25, y=0.15)
     handles, labels = right.get_legend_handles_labels()
     if not labels:
-        handles, labels = left.get_legend_handles_labels()
+        handles, labels = axes[0].get_legend_handles_labels()
     if labels:                          # nothing measured at all: no legend to draw
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5),
-                   fontsize=8, bbox_to_anchor=(0.5, -0.08))
+                   fontsize=8, bbox_to_anchor=(0.5, -0.12 if bound else -0.08))
     return encode(fig)
 
 
