@@ -139,7 +139,8 @@ def test_memory_comes_from_the_servers_kv_gauge(text, kv_memory, peak, source, n
 
 
 @pytest.mark.parametrize("mode, want", [
-    ("vllmlogprobs", [-0.5 - 0.01 * t for t in (20, 30, 40)]),
+    ("vllmlogprobs", ([-0.5 - 0.01 * t for t in (20, 30, 40)],
+                      [{f"t{t}": round(-0.5 - 0.01 * t, 6), "x": -9.0} for t in (20, 30, 40)])),
     ("nologprobs", "returned no prompt log-probabilities: no prompt log-probabilities for "
                    "echo"),
 ])
@@ -165,7 +166,11 @@ def test_prompt_logprobs_from_echo_or_vllms_extra(mode, want):
             with pytest.raises(EndpointUnavailable, match=want):
                 llm.prompt_logprobs([10, 20, 30, 40])
         else:
-            assert llm.prompt_logprobs([10, 20, 30, 40]) == pytest.approx(want)
+            logprobs, top = llm.prompt_logprobs([10, 20, 30, 40], 2)
+            assert logprobs == pytest.approx(want[0]) and top == want[1]
+            assert list(top[0]) == ["t20", "x"]               # most likely first
+            assert llm.prompt_logprobs([10, 20, 30, 40], 1).top == [
+                {f"t{t}": round(-0.5 - 0.01 * t, 6)} for t in (20, 30, 40)]
     finally:
         proc.kill()
         proc.wait()
