@@ -77,8 +77,8 @@ def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
         "othermodel": ("failed", "does not serve model 'fake'"),
         "nologprobs": ("unavailable", "returned no prompt log-probabilities"),
         "notext": ("failed", "a completion without text"),
-        "generror": ("failed", "answered HTTP 500: {\"error\": {\"message\": \"fake endpoint: out of "
-                               "memory"),
+        "generror": ("failed", 'answered HTTP 500: {"error": {"message": "fake endpoint: '
+                               'out of memory'),
     }
     for name, (status, cause) in expected.items():
         cell = cells[name]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import time
-
 from typing import NamedTuple
 
 import torch
@@ -104,7 +103,8 @@ class PromptPPLTask(Task):
     takes = frozenset({"context_tokens", "text", "num_top_logprobs"})
     columns = (Column("ppl", "ppl", "{:.3f}"), Column("Δppl %", "ppl_delta_pct", "{:+.2f}"),
                Column("Δppl % CI", "delta_ppl_pct", "ci"),
-               Column("KL top-k", "kl_topk", "{:.2e}"), Column("KL top-k CI", "kl_topk_ci95", "ci"),
+               Column("KL top-k", "kl_topk", "{:.2e}"),
+               Column("KL top-k CI", "kl_topk_ci95", "ci"),
                Column("top-1", "top1_topk", "{:.2%}"), Column("n", "num_samples", "{}"))
 
     def __init__(self, options):
