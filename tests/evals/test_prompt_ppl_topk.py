@@ -108,3 +108,12 @@ def test_kvmap_serve_returns_the_top_k_in_openais_shape_built_the_same_way():
     out = openai_logprobs(scored, 0, lambda ids: "".join(decode[i] for i in ids))
     assert out["top_logprobs"] == [None, {"a": -0.5, "b": -1.0, "z": -6.0}]
     assert out["tokens"] == ["b", "z"] and out["token_logprobs"] == [None, -6.0]
+
+
+def test_samples_scored_over_other_positions_are_left_out_not_fatal():
+    base = [{"sample_id": 0, "top_logprobs": [{"a": -0.1}, {"b": -0.2}]},
+            {"sample_id": 1, "top_logprobs": [{"a": -0.1}]}]
+    mine = [{"sample_id": 0, "top_logprobs": [{"a": -0.1}]},
+            {"sample_id": 1, "top_logprobs": [{"a": -0.3}]}]
+    out = topk_comparison(mine, base)
+    assert out["num_samples"] == 1 and out["kl_topk"] == 0.0

@@ -90,15 +90,15 @@ def topk_comparison(records: Sequence[dict], baseline_records: Sequence[dict],
                     seed: int = 0) -> dict | None:
     """``kl_topk``, ``top1_topk`` (each with ``*_ci95``), ``kl_definition``,
     ``num_top_logprobs`` and ``num_samples`` of the samples both sides scored with a
-    top-k (joined by ``sample_id``); None when no sample has one on both sides."""
+    top-k over as many positions (joined by ``sample_id``); None when no sample has."""
     theirs = {r.get("sample_id"): r.get("top_logprobs") for r in baseline_records
               if isinstance(r, dict)}
     kls, agree, num_top = [], [], 0
     for r in records:
         mine, base = (r.get("top_logprobs") if isinstance(r, dict) else None), \
             theirs.get(r.get("sample_id") if isinstance(r, dict) else None)
-        if not mine or not base or not all(mine) or not all(base):
-            continue
+        if not mine or not base or not all(mine) or not all(base) or len(mine) != len(base):
+            continue                # no top-k, or not the same tokens (another tokenizer)
         kl, top1 = sample_topk(base, mine)
         kls.append(kl)
         agree.append(top1)
