@@ -6,7 +6,10 @@
     nostream     answers a streamed completion with one JSON body, not Server-Sent Events
     nologprobs   completions work, but never carry log-probabilities
     vllmlogprobs refuses echo (400) but answers vLLM's prompt_logprobs: log p = -0.5 - 0.01 id
+                 for the prompt's token (string "t<id>"), -9 for id 99999 (string "x")
     othermodel   /v1/models lists only "other-model"; completions 404 for "fake"
+    notext       completions answer a choice without ``text`` (a chat-style ``message``)
+    error        completions answer HTTP 500
     unhealthy    /health and /v1/models answer 503 forever
     exit         prints a line and exits with code 3 at once
 """
@@ -47,13 +50,19 @@ class Handler(BaseHTTPRequestHandler):
         if MODE == "othermodel":
             return self._json(404, {"error": {"message": f"model {body.get('model')!r} "
                                                          "not found"}})
+        if MODE == "error":
+            return self._json(500, {"error": {"message": "fake endpoint: out of memory"}})
         n = int(body.get("max_tokens") or 1)
+        if MODE == "notext" and not body.get("stream"):
+            return self._json(200, {"choices": [{"index": 0, "finish_reason": "stop",
+                                                 "message": {"content": "7"}}]})
         choice = {"index": 0, "text": " 7" * n, "finish_reason": "length"}
         if MODE == "vllmlogprobs" and body.get("echo"):
             return self._json(400, {"error": {"message": "echo is not supported"}})
         if MODE == "vllmlogprobs" and "prompt_logprobs" in body:
             choice["prompt_logprobs"] = [None] + [
-                {str(t): {"logprob": -0.5 - 0.01 * t, "rank": 1}, "99999": {"logprob": -9.0}}
+                {str(t): {"logprob": -0.5 - 0.01 * t, "rank": 1, "decoded_token": f"t{t}"},
+                 "99999": {"logprob": -9.0, "rank": 2, "decoded_token": "x"}}
                 for t in body["prompt"][1:]]
         usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
         if not body.get("stream") or MODE == "nostream":

@@ -38,6 +38,8 @@ def faulty_run(tmp_path_factory):
         fake("nostream", "nostream"),
         fake("othermodel", "othermodel"),
         fake("nologprobs", "nologprobs"),
+        fake("notext", "notext"),
+        fake("generror", "error"),
     ]
     scenario = {
         "models": ["dummy:tiny"], "kv": ["fp32"], "cell_timeout_s": 120,
@@ -47,7 +49,10 @@ def faulty_run(tmp_path_factory):
                        "endpoints": ["down", "unhealthy", "exits", "nostream",
                                      "othermodel"]}],
         "tasks": [{"name": "prompt_ppl", "params": {"context_tokens": 32, "num_samples": 1},
-                   "endpoints": ["nologprobs"]}],
+                   "endpoints": ["nologprobs"]},
+                  {"name": "generation", "params": {"context_tokens": 16, "num_samples": 1,
+                                                    "continuation_tokens": 2},
+                   "endpoints": ["notext", "generror"]}],
     }
     path = base / "faults.yaml"
     path.write_text(yaml.safe_dump(scenario))
@@ -71,6 +76,9 @@ def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
         "nostream": ("failed", "no request completed (does it stream?"),
         "othermodel": ("failed", "does not serve model 'fake'"),
         "nologprobs": ("unavailable", "returned no prompt log-probabilities"),
+        "notext": ("failed", "a completion without text"),
+        "generror": ("failed", 'answered HTTP 500: {"error": {"message": "fake endpoint: '
+                               'out of memory'),
     }
     for name, (status, cause) in expected.items():
         cell = cells[name]
@@ -78,7 +86,7 @@ def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
         assert f"endpoint {name!r}" in cell["error"] and cause in cell["error"], \
             (name, cell["error"])
     assert "exiting on purpose" in cells["exits"]["error"]     # the server's last words
-    assert result.num_failed == 5                       # an unavailable task is no failure
+    assert result.num_failed == 7                       # an unavailable task is no failure
 
 
 def test_server_output_goes_to_the_logs(faulty_run):

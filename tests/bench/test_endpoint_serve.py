@@ -32,7 +32,9 @@ def served_run(tmp_path_factory):
                        "output_len": 24, "arrival": ["closed:1", "closed:2"]}],
         "tasks": [{"name": "prompt_ppl", "params": TASK_PARAMS},
                   {"name": "passkey", "params": {"context_tokens": [384], "depths": [0.5],
-                                                 "num_samples": 1}}],
+                                                 "num_samples": 1}},
+                  {"name": "generation", "params": {"context_tokens": 24, "num_samples": 2,
+                                                    "continuation_tokens": 6}}],
     }
     path = base / "served.yaml"
     path.write_text(yaml.safe_dump(scenario))
@@ -43,7 +45,7 @@ def served_run(tmp_path_factory):
 def test_the_launched_server_answers_workloads_with_the_in_process_keys(served_run):
     _, result = served_run
     cells = [c for c in result.cells if c["kv"] == "served"]
-    assert [c["status"] for c in cells] == ["ok"] * 4, [c.get("error") for c in cells]
+    assert [c["status"] for c in cells] == ["ok"] * 5, [c.get("error") for c in cells]
     loads = [c["load"]["label"] for c in cells if c["workload"]]
     assert loads == ["closed:1", "closed:2"]
     own = next(c for c in result.cells if c["kv"] == "fp32")
@@ -68,7 +70,7 @@ def test_prompt_perplexity_equals_the_in_process_figure(served_run):
     from kvmap.evals import EvalOptions, get_task
     from kvmap.loadgen.prompts import load_tokenizer
     _, result = served_run
-    served = next(c for c in result.cells if c["task"] == "prompt_ppl")
+    served = next(c for c in result.cells if c["task"] == "prompt_ppl" and c["kv"] == "served")
     assert served["metrics"]["ppl_definition"] == "prompt_logprobs"
     llm = LLM(model="dummy:tiny", dtype="fp32", kv="fp32", kv_memory="1MiB", device="cpu")
     task = get_task("prompt_ppl", EvalOptions(context_tokens=(48,), num_samples=2))
@@ -104,3 +106,82 @@ def test_the_report_draws_the_endpoint_beside_the_configurations(served_run):
         next(c for c in analysis.run.cells if c["task"] == "prompt_ppl")["metrics"]["ppl"])
     html = write_report(analysis).read_text()
     assert "served (kvmap serve fp32)" in html
+
+
+GENERATION = {"context_tokens": (24,), "num_samples": 2, "continuation_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def in_process():
+    """``{kv: {task: TaskRun}}`` of the same tasks in-process on the same weights (a dummy
+    model's task cells are not run by the bench, so they are run here)."""
+    from kvmap import LLM
+    from kvmap.evals import EvalOptions, get_task
+    from kvmap.loadgen.prompts import load_tokenizer
+    out = {}
+    for kv in ("fp32", "int8"):
+        llm = LLM(model="dummy:tiny", dtype="fp32", kv=kv, kv_memory="1MiB", device="cpu")
+        llm.tokenizer = load_tokenizer("bytes")
+        runs = {}
+        for name, options in (("prompt_ppl", {"context_tokens": (48,), "num_samples": 2}),
+                              ("generation", GENERATION)):
+            task = get_task(name, EvalOptions(**options))
+            runs[name] = task.run(llm, task.prepare(llm.tokenizer))
+        out[kv] = runs
+    return out
+
+
+def _served(result, task: str) -> dict:
+    return next(c for c in result.cells if c["task"] == task and c["kv"] == "served")
+
+
+def test_the_endpoints_top_k_equals_the_in_process_one(served_run, in_process):
+    """Same weights, same KV configuration: the top-5 strings and log-probabilities the
+    server returns at every prompt position are the ones prompt_ppl computes in-process,
+    so KL over the returned top-k is 0 and top-1 agreement 1; int8's KL is not 0. The
+    report computes the same from the cells and says what it is."""
+    from kvmap.evals.topk import KL_DEFINITION, topk_comparison
+    from kvmap.report.table import task_cell
+    from kvmap.report.tasks import task_result
+    _, result = served_run
+    served = _served(result, "prompt_ppl")
+    own, int8 = in_process["fp32"]["prompt_ppl"], in_process["int8"]["prompt_ppl"]
+    for m in (own.metrics, served["metrics"]):
+        assert m["kl_definition"] == KL_DEFINITION and m["num_top_logprobs"] == 5
+    for a, b in zip(own.per_sample, served["details"]["per_sample"]):
+        # bytes >= 128 all decode to "\ufffd": the most likely of them stands for them
+        assert len(a["top_logprobs"]) == 47 and all(1 <= len(t) <= 5 for t in a["top_logprobs"])
+        for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
+            assert list(x) == list(y)
+            assert list(x.values()) == pytest.approx(list(y.values()), abs=1e-5)
+    same = topk_comparison(served["details"]["per_sample"], own.per_sample)
+    assert same["kl_topk"] < 1e-6 and same["top1_topk"] == 1.0 and same["num_samples"] == 2
+    other = topk_comparison(int8.per_sample, own.per_sample)
+    assert other["kl_topk"] > 0
+    lo, hi = other["kl_topk_ci95"]
+    assert lo <= other["kl_topk"] <= hi
+    base = {"task": "prompt_ppl", "status": "ok", "metrics": own.metrics,
+            "details": {"per_sample": own.per_sample}}
+    figures = task_result(served, base).topk
+    assert figures["kl_topk"] == same["kl_topk"] and figures["top1_topk"] == 1.0
+    assert "over the returned top-5" in task_cell(task_result(served, base), False)
+
+
+def test_generation_runs_over_http_and_agrees_with_the_in_process_outputs(served_run,
+                                                                          in_process):
+    """generation (greedy, fixed length) over completions: the server's output ids are
+    the in-process ones, compared from the stored records as the report does."""
+    from kvmap.evals.generation import record_agreement
+    from kvmap.report.tasks import task_result
+    _, result = served_run
+    served = _served(result, "generation")
+    own = in_process["fp32"]["generation"]
+    mine = served["details"]["per_sample"]
+    assert [r["num_output_tokens"] for r in mine] == [6, 6]
+    assert all(r["e2e_s"] > 0 for r in mine)
+    assert [r["output_ids"] for r in mine] == [r["output_ids"] for r in own.per_sample]
+    figures = record_agreement(mine, own.per_sample)
+    assert figures["exact_match"] == 1.0 and figures["first_divergence"] == [6, 6]
+    base = {"task": "generation", "status": "ok", "metrics": own.metrics,
+            "details": {"per_sample": own.per_sample}}
+    assert task_result(served, base).agreement["exact_match"] == 1.0

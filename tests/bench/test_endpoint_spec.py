@@ -139,7 +139,8 @@ def test_memory_comes_from_the_servers_kv_gauge(text, kv_memory, peak, source, n
 
 
 @pytest.mark.parametrize("mode, want", [
-    ("vllmlogprobs", [-0.5 - 0.01 * t for t in (20, 30, 40)]),
+    ("vllmlogprobs", ([-0.5 - 0.01 * t for t in (20, 30, 40)],
+                      [{f"t{t}": round(-0.5 - 0.01 * t, 6), "x": -9.0} for t in (20, 30, 40)])),
     ("nologprobs", "returned no prompt log-probabilities: no prompt log-probabilities for "
                    "echo"),
 ])
@@ -165,7 +166,27 @@ def test_prompt_logprobs_from_echo_or_vllms_extra(mode, want):
             with pytest.raises(EndpointUnavailable, match=want):
                 llm.prompt_logprobs([10, 20, 30, 40])
         else:
-            assert llm.prompt_logprobs([10, 20, 30, 40]) == pytest.approx(want)
+            logprobs, top = llm.prompt_logprobs([10, 20, 30, 40], 2)
+            assert logprobs == pytest.approx(want[0]) and top == want[1]
+            assert list(top[0]) == ["t20", "x"]               # most likely first
+            assert llm.prompt_logprobs([10, 20, 30, 40], 1).top == [
+                {f"t{t}": round(-0.5 - 0.01 * t, 6)} for t in (20, 30, 40)]
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_echo_answers_give_the_top_k_cut_to_k_or_none_without_one():
+    """OpenAI's shape holds up to k + 1 entries (the scored token added); the k most
+    likely are kept. Log-probabilities without a top-k: a perplexity, no top-k."""
+    from kvmap.bench.endpoint_logprobs import from_echo
+    choice = {"logprobs": {"token_logprobs": [None, -1.0, -2.0, -0.5],
+                           "top_logprobs": [None, {"a": -0.2, "b": -1.0, "own": -3.0},
+                                            {"b": -0.1, "c": -0.9}, {"a": -0.5}]}}
+    out = from_echo(choice, 3, 2)
+    assert out.logprobs == [-1.0, -2.0] and out.top == [{"a": -0.2, "b": -1.0},
+                                                        {"b": -0.1, "c": -0.9}]
+    assert from_echo(choice, 3, 0).top is None
+    bare = {"logprobs": {"token_logprobs": [None, -1.0, -2.0]}}
+    assert from_echo(bare, 3, 5).top is None and from_echo(bare, 3, 5).logprobs == [-1.0, -2.0]
+    assert "got 3 values for a 4-token prompt" in from_echo(bare, 4, 5)

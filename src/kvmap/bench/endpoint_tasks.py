@@ -5,17 +5,24 @@
 - ``generate(prompts, params)``: one non-streamed completion per prompt (text or token
   ids) at temperature 0, with the task's ``max_tokens``, ``stop`` and ``ignore_eos`` --
   ``passkey``, ``needle``, ``qa`` run unchanged;
-- ``prompt_logprobs(ids)``: the prompt's log-probabilities from ``echo: true`` +
-  ``logprobs: 0`` with ``max_tokens: 1`` (OpenAI's legacy shape; ``kvmap serve`` and vLLM
-  answer it), else vLLM's ``prompt_logprobs: 0`` extra, for ``prompt_ppl``
-  (``ppl_definition: prompt_logprobs``);
+- ``prompt_logprobs(ids, k)``: the prompt's log-probabilities and top-k from ``echo:
+  true`` + ``logprobs: k`` with ``max_tokens: 1`` (OpenAI's legacy shape; ``kvmap serve``
+  and vLLM answer it), else vLLM's ``prompt_logprobs: k`` extra (``endpoint_logprobs``),
+  for ``prompt_ppl`` (``ppl_definition: prompt_logprobs``; KL and top-1 over the
+  returned top-k, ``evals.topk``);
 - ``tokenizer``: the endpoint's (``tokenizer:``), which builds the samples;
 - ``engine = None``: the server's pool is not ours to read (no ``kv_bytes_peak``).
 
 A task the endpoint cannot answer is ``unavailable`` for it, with the reason
 (``EndpointUnavailable``): ``ppl`` and ``mc`` (scored through kvmap's own engine), tasks
-that compare with the baseline's outputs inside one cell (``needs_baseline_state``), a
-``module:function`` task, and log-probabilities the server does not return. The baseline
+that compare with the baseline's outputs inside one cell (``needs_baseline_state``) unless
+their records carry what the comparison needs (``compares_records``: ``generation``'s
+output ids, compared with the baseline's cell in the report), a ``module:function``
+task, and log-probabilities the server does not return. ``generation`` and
+``chat_generation`` are sent as completions at temperature 0 with the task's
+``max_tokens`` (``ignore_eos`` for the fixed-length one, natural stopping for the chat
+one); ``finish_reason`` is the server's, ``e2e_s`` the client's clock around the
+request. The baseline
 of the endpoint's figures is its ``baseline:`` (another endpoint, or a KV spec of
 kvmap's own cells; default the model's dtype), paired by ``sample_id`` in the report.
 """
@@ -57,7 +64,7 @@ class EndpointLLM:
                 return json.loads(response.read())
         except urllib.error.HTTPError as e:
             message = e.read(2000).decode(errors="replace")
-            raise HTTPRefused(e.code, message) from None
+            raise HTTPRefused(self.entry.name, e.code, message) from None
         except (urllib.error.URLError, OSError) as e:
             raise RuntimeError(f"endpoint {self.entry.name!r} is unreachable at "
                                f"{self.url}: {e}") from None
@@ -66,7 +73,10 @@ class EndpointLLM:
         from kvmap.request import RequestMetrics, RequestOutput
         outputs = []
         for i, prompt in enumerate(prompts):
-            body = {"prompt": prompt, "max_tokens": params.max_tokens}
+            # the output's own ids (vLLM's and kvmap serve's extra; others ignore it):
+            # re-encoding the text may not give back the tokens the server sampled
+            body = {"prompt": prompt, "max_tokens": params.max_tokens,
+                    "return_token_ids": True}
             if params.stop:
                 body["stop"] = list(params.stop)
             if params.ignore_eos:
@@ -74,9 +84,13 @@ class EndpointLLM:
             t0 = time.perf_counter()
             answer = self._post(body)
             choice = _first_choice(answer, self.entry)
-            text = choice.get("text") or ""
+            text = choice.get("text")
+            if not isinstance(text, str):
+                raise RuntimeError(f"endpoint {self.entry.name!r}: a completion without "
+                                   f"text: {str(choice)[:200]}")
             usage = answer.get("usage") or {}
-            ids = list(choice.get("token_ids") or self.tokenizer.encode(text))
+            ids = choice.get("token_ids")
+            ids = list(ids) if isinstance(ids, list) else self.tokenizer.encode(text)
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             metrics = RequestMetrics(arrival_s=t0, finished_s=time.perf_counter(),
                                      num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
@@ -86,57 +100,40 @@ class EndpointLLM:
                                          choice.get("finish_reason"), metrics))
         return outputs
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        """log p(t_j | t_<j), j = 1 .. T-1: from ``echo`` + ``logprobs`` (OpenAI's legacy
-        shape), else from vLLM's ``prompt_logprobs`` extra; ``EndpointUnavailable`` with
-        both answers when the server gives neither."""
-        n = len(token_ids)
+    def prompt_logprobs(self, token_ids: list[int], num_top: int = 0):
+        """``PromptLogprobs`` of the prompt (``endpoint_logprobs``): from ``echo`` +
+        ``logprobs: num_top``, else vLLM's ``prompt_logprobs`` extra;
+        ``EndpointUnavailable`` with both answers when the server gives neither."""
+        from kvmap.bench.endpoint_logprobs import from_echo, from_vllm
+        ids = list(token_ids)
         try:
-            answer = self._post({"prompt": list(token_ids), "max_tokens": 1, "echo": True,
-                                 "logprobs": 0})
-            logprobs = _first_choice(answer, self.entry).get("logprobs") or {}
-            values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
-            if isinstance(values, list) and len(values) >= n \
-                    and all(isinstance(v, (int, float)) for v in values[1:n]):
-                return [float(v) for v in values[1:n]]
-            echo = (f"no prompt log-probabilities for echo + logprobs (got "
-                    f"{len(values) if isinstance(values, list) else 0} values for a "
-                    f"{n}-token prompt)")
+            answer = self._post({"prompt": ids, "max_tokens": 1, "echo": True,
+                                 "logprobs": num_top})
+            found = from_echo(_first_choice(answer, self.entry), len(ids), num_top)
+            if not isinstance(found, str):
+                return found
+            echo = found
         except HTTPRefused as e:
-            echo = f"echo + logprobs refused: {e}"
+            echo = f"echo + logprobs refused: {e.answer}"
         try:
-            answer = self._post({"prompt": list(token_ids), "max_tokens": 1,
-                                 "prompt_logprobs": 0})
-            found = _vllm_prompt_logprobs(_first_choice(answer, self.entry), token_ids)
+            answer = self._post({"prompt": ids, "max_tokens": 1, "prompt_logprobs": num_top})
+            found = from_vllm(_first_choice(answer, self.entry), ids, num_top)
         except HTTPRefused as e:
             found = None
-            echo += f"; prompt_logprobs refused: {e}"
+            echo += f"; prompt_logprobs refused: {e.answer}"
         if found is None:
             raise EndpointUnavailable(f"endpoint {self.entry.name!r} returned no prompt "
                                       f"log-probabilities: {echo}")
         return found
 
 
-def _vllm_prompt_logprobs(choice: dict, token_ids: list[int]) -> list[float] | None:
-    """vLLM's ``prompt_logprobs``: ``[None, {"<token id>": {"logprob": x, ...}}, ...]``,
-    each entry holding the prompt's own token; None when absent or another shape."""
-    entries = choice.get("prompt_logprobs")
-    if not isinstance(entries, list) or len(entries) < len(token_ids):
-        return None
-    out = []
-    for token_id, entry in zip(token_ids[1:], entries[1:]):
-        found = entry.get(str(token_id)) if isinstance(entry, dict) else None
-        value = found.get("logprob") if isinstance(found, dict) else found
-        if not isinstance(value, (int, float)):
-            return None
-        out.append(float(value))
-    return out
-
-
 class HTTPRefused(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"HTTP {status}: {message[:300]}")
+    """An HTTP error answer of endpoint ``name``; ``answer`` is what it said."""
+
+    def __init__(self, name: str, status: int, message: str):
         self.status, self.message = status, message
+        self.answer = f"HTTP {status}: {message[:300]}"
+        super().__init__(f"endpoint {name!r} answered {self.answer}")
 
 
 def _first_choice(answer: dict, entry: EndpointEntry) -> dict:
@@ -158,7 +155,7 @@ def _evaluator(cell: CellSpec):
     if fn in ENGINE_SCORED:
         raise EndpointUnavailable(f"task {fn!r} on endpoint {name!r}: {ENGINE_SCORED[fn]}")
     evaluator = get_task(fn, eval_options(task.params, cell.seed))
-    if evaluator.needs_baseline_state:
+    if evaluator.needs_baseline_state and not evaluator.compares_records:
         raise EndpointUnavailable(f"task {fn!r} on endpoint {name!r}: it compares with the "
                                   "baseline's outputs inside one cell, which an endpoint "
                                   "cell does not run")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 EVAL_PARAMS = ("context_tokens", "num_samples", "continuation_tokens", "depths",
-               "num_needles", "data_path", "corpus")
+               "num_needles", "data_path", "corpus", "num_top_logprobs")
 
 
 class TaskUnavailable(ValueError):

@@ -49,12 +49,13 @@ class EvalOptions:
     continuation_tokens: int | None = None   # ppl: tokens scored; generation: generated
     depths: tuple[float, ...] = ()           # passkey, needle: needle depths in [0, 1]
     num_needles: int | None = None           # needle: needles per prompt
+    num_top_logprobs: int | None = None      # prompt_ppl: top-k kept per position (KL, top-1)
 
     def __post_init__(self) -> None:
         for n in self.context_tokens:
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"context={n!r} must be a positive number of tokens")
-        for name in ("num_samples", "continuation_tokens", "num_needles"):
+        for name in ("num_samples", "continuation_tokens", "num_needles", "num_top_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive integer")
@@ -87,6 +88,9 @@ class Task:
     # for the KL), which no store keeps: a runner that runs each configuration apart must
     # run the baseline beside it. False: records and metrics are enough.
     needs_baseline_state: ClassVar[bool] = False
+    # True when the same comparison can also be made from two runs' stored records (the
+    # report does it for a cell whose baseline ran apart, e.g. an endpoint's).
+    compares_records: ClassVar[bool] = False
     # EvalOptions fields this task reads besides num_samples and seed: the CLI refuses
     # the others' options for it.
     takes: ClassVar[frozenset[str]] = frozenset({"context_tokens", "text"})

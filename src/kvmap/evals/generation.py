@@ -13,6 +13,10 @@ one continuous batch. Per sample:
 never diverges counts its full length as its first divergence position. Once two greedy
 outputs differ they follow different prefixes, so agreement after the first divergence
 is not meaningful and ``token_agreement`` counts only matches up to it.
+
+Each record keeps its ``output_ids``, so a run whose baseline ran apart (an endpoint
+measured over HTTP) is compared from the stored records (``record_agreement``), the same
+function as in-process.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ class GenerationTask(Task):
     paired_metric = "exact_match"
     takes = frozenset({"context_tokens", "text", "continuation_tokens"})
     needs_baseline_state = True            # compares the baseline's token ids
+    compares_records = True                # ... which its records keep (output_ids)
     columns = (Column("exact match", "exact_match", "{:.2%}"),
                Column("first div mean", "first_divergence_mean", "{:.1f}"),
                Column("first div P50", "first_divergence_p50", "{:.0f}"),
@@ -81,19 +86,41 @@ class GenerationTask(Task):
                    "num_new_tokens": self.new_tokens, "n": len(samples),
                    "num_samples": len(samples)}
         records = [{"sample_id": f"generation/{self.context}/{i}",
-                    "num_output_tokens": len(o.token_ids)} for i, o in enumerate(outputs)]
+                    "num_output_tokens": len(o.token_ids), "output_ids": list(o.token_ids),
+                    "e2e_s": o.metrics.e2e_s}
+                   for i, o in enumerate(outputs)]
         return TaskRun(metrics, records, state=[list(o.token_ids) for o in outputs])
 
     def compare(self, run: TaskRun, baseline: TaskRun) -> dict:
-        positions = [first_divergence(o, b) for o, b in zip(run.state, baseline.state)]
-        lengths = [len(b) for b in baseline.state]
-        exact = [float(p == n and len(o) == n)
-                 for p, n, o in zip(positions, lengths, run.state)]
-        return {**run.metrics,
-                "exact_match": float(np.mean(exact)),
-                "first_divergence_mean": float(np.mean(positions)),
-                "first_divergence_p50": float(np.median(positions)),
-                "first_divergence": positions,
-                "token_agreement": sum(positions) / max(1, sum(lengths)),
-                "delta_exact_match": paired_delta(exact, [1.0] * len(exact),
-                                                  seed=self.options.seed)}
+        return {**run.metrics, **agreement(run.state, baseline.state, self.options.seed)}
+
+
+def agreement(outputs: list[list[int]], baseline_outputs: list[list[int]],
+              seed: int = 0) -> dict:
+    """Exact match, first divergence and token agreement of ``outputs`` against
+    ``baseline_outputs`` (token ids, sample by sample; module docstring)."""
+    positions = [first_divergence(o, b) for o, b in zip(outputs, baseline_outputs)]
+    lengths = [len(b) for b in baseline_outputs]
+    exact = [float(p == n and len(o) == n) for p, n, o in zip(positions, lengths, outputs)]
+    return {"exact_match": float(np.mean(exact)),
+            "first_divergence_mean": float(np.mean(positions)),
+            "first_divergence_p50": float(np.median(positions)),
+            "first_divergence": positions,
+            "token_agreement": sum(positions) / max(1, sum(lengths)),
+            "delta_exact_match": paired_delta(exact, [1.0] * len(exact), seed=seed)}
+
+
+def record_agreement(records: list[dict], baseline_records: list[dict],
+                     seed: int = 0) -> dict | None:
+    """``agreement`` of two runs' stored records (``output_ids``, joined by
+    ``sample_id``), as the report computes it for a cell whose baseline ran apart (an
+    endpoint's); None when no sample has output ids on both sides."""
+    theirs = {r.get("sample_id"): r.get("output_ids") for r in baseline_records
+              if isinstance(r, dict)}
+    pairs = [(r["output_ids"], theirs[r.get("sample_id")]) for r in records
+             if isinstance(r, dict) and isinstance(r.get("output_ids"), list)
+             and isinstance(theirs.get(r.get("sample_id")), list)]
+    if not pairs:
+        return None
+    return {**agreement([o for o, _ in pairs], [b for _, b in pairs], seed),
+            "num_samples": len(pairs)}

@@ -7,8 +7,24 @@ baseline for a task: the cell of that task of the endpoint named by ``baseline``
 kvmap's own cell of the KV spec it names -- by default the model's dtype -- on dense
 weights, preferring the same model name. Both figures use the same definition: an
 endpoint runs ``prompt_ppl`` (``ppl_definition: prompt_logprobs``), never ``ppl``.
+
+KL and top-1 of a ``prompt_ppl`` cell (an endpoint's or kvmap's own) against that
+baseline are computed here from both cells' stored top-k (``details.per_sample[*]
+.top_logprobs``) by the task's own function (``kvmap.evals.topk.topk_comparison``), and
+shown as "over the returned top-k": the mass outside the baseline's top-k is not seen.
+A server that returns no prompt log-probabilities (llama-server) has no such cell, so
+no KL; one that returns them without a top-k has a perplexity but no KL.
+
+A ``generation`` cell (fixed-length greedy output) against its baseline: exact match,
+first divergence and token agreement from both cells' stored ``output_ids``
+(``kvmap.evals.generation.record_agreement``), so a server's outputs are compared with
+its baseline's as kvmap's own are.
 """
 from __future__ import annotations
+
+from kvmap.evals.generation import record_agreement
+from kvmap.evals.stats import wilson_interval
+from kvmap.evals.topk import topk_comparison
 
 
 def endpoint_of(cells: list[dict]) -> dict | None:
@@ -34,3 +50,43 @@ def memory_note(cells: list[dict]) -> str | None:
     """Why an endpoint has no memory coordinate (its cells' ``kv_memory_note``)."""
     return next(((c.get("metrics") or {}).get("kv_memory_note") for c in cells
                  if (c.get("metrics") or {}).get("kv_memory_note")), None)
+
+
+def _records(cell: dict) -> list:
+    return list((cell.get("details") or {}).get("per_sample") or [])
+
+
+def topk_figures(cell: dict, baseline: dict | None, seed: int = 0) -> dict | None:
+    """``kl_topk``, ``top1_topk`` with their ``*_ci95`` ... of ``cell`` against
+    ``baseline`` (module docstring); None without a baseline or a top-k on both sides."""
+    if baseline is None or baseline is cell or baseline.get("status") != "ok":
+        return None
+    return topk_comparison(_records(cell), _records(baseline), seed)
+
+
+def output_agreement(cell: dict, baseline: dict | None, seed: int = 0) -> dict | None:
+    """A generation cell's agreement with its baseline's outputs (module docstring), with
+    ``exact_match_ci95`` (Wilson); None without output ids on both sides."""
+    if baseline is None or baseline is cell or baseline.get("status") != "ok":
+        return None
+    out = record_agreement(_records(cell), _records(baseline), seed)
+    if out is not None:
+        n = out["num_samples"]
+        out["exact_match_ci95"] = wilson_interval(round(out["exact_match"] * n), n)
+    return out
+
+
+def agreement_text(figures: dict) -> str:
+    ci = figures["exact_match_ci95"]
+    return (f"exact match {100 * figures['exact_match']:.0f}% [{100 * ci[0]:.0f}, "
+            f"{100 * ci[1]:.0f}] (n={figures['num_samples']}), first divergence mean "
+            f"{figures['first_divergence_mean']:.1f}, token agreement "
+            f"{100 * figures['token_agreement']:.1f}%")
+
+
+def topk_text(figures: dict) -> str:
+    """``KL 1.2e-03 [..], top-1 98.0% [..] over the returned top-5`` for a table cell."""
+    kl, top1 = figures["kl_topk_ci95"], figures["top1_topk_ci95"]
+    return (f"KL {figures['kl_topk']:.2e} [{kl[0]:.2e}, {kl[1]:.2e}], top-1 "
+            f"{100 * figures['top1_topk']:.1f}% [{100 * top1[0]:.1f}, {100 * top1[1]:.1f}] "
+            f"over the returned top-{figures['num_top_logprobs']}")

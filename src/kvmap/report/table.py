@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary, request_groups
+from kvmap.report.endpoints import agreement_text, topk_text
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci, without
 from kvmap.report.tasks import TaskResult
@@ -75,6 +76,10 @@ def task_cell(r: TaskResult | None, na: bool) -> str:
         parts.append(f"drop {r.drop_pct:+.2f}{ci}{same}")
     if r.negative is not None:
         parts.append("negative " + pct_with_ci(r.negative.value, r.negative.ci))
+    if r.topk is not None:
+        parts.append(topk_text(r.topk))
+    if r.agreement is not None:
+        parts.append(agreement_text(r.agreement))
     if r.inflation is not None:
         i = r.inflation
         ci = f" [{i.mean_ci[0]:+.1f}, {i.mean_ci[1]:+.1f}]" if i.mean_ci else ""

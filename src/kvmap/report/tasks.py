@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kvmap.bench.summary import cell_metric
 from kvmap.evals.stats import paired_delta
 from kvmap.report import samples as S
+from kvmap.report.endpoints import output_agreement, topk_figures
 
 
 @dataclass
@@ -31,6 +32,8 @@ class TaskResult:
     num_samples: int | None = None
     negative: S.Rate | None = None
     inflation: S.Inflation | None = None
+    topk: dict | None = None           # prompt_ppl: KL / top-1 over the returned top-k
+    agreement: dict | None = None      # generation: exact match ... with the baseline's outputs
 
     @property
     def distinguishable(self) -> bool | None:
@@ -99,6 +102,7 @@ def task_result(cell: dict, baseline: dict | None, seed: int = 0) -> TaskResult:
             result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
         else:
             _ppl(result, m, mine, theirs, seed)
+            result.topk = topk_figures(cell, baseline, seed)
     elif m.get("accuracy") is not None:
         result = TaskResult(name, "accuracy", m["accuracy"], grid=list(m.get("grid") or []))
         _accuracy(result, cell, baseline, seed)
@@ -107,6 +111,7 @@ def task_result(cell: dict, baseline: dict | None, seed: int = 0) -> TaskResult:
                             num_samples=len(mine) or None)
     if S.has_lengths(mine) and S.has_lengths(theirs):
         result.inflation = S.inflation(mine, theirs, seed)
+    result.agreement = output_agreement(cell, baseline, seed)
     return result
 
 

@@ -12,7 +12,9 @@ It has its own KV pool (``--kv-memory`` again). Log-probabilities are of the mod
 distribution (log-softmax of the logits, no temperature), as vLLM's default. Position i's
 entry is log p(token_i | tokens_<i); the first prompt token has none (null). Each
 ``top_logprobs`` entry holds the k most likely tokens plus the token itself (so up to
-k + 1 entries, as OpenAI and vLLM). A selection policy does not act while scoring.
+k + 1 entries, as OpenAI and vLLM); of ids that decode to the same string the most
+likely one stands (``kvmap.evals.topk.top_strings``, which ``prompt_ppl`` uses
+in-process too). A selection policy does not act while scoring.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.engine.engine import Engine
-
+from kvmap.evals.topk import top_strings
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,7 @@ def openai_logprobs(scored: ScoredTokens, first: int, decode, text_start: int = 
         if scored.top[pos] is None:
             tops.append(None)
             continue
-        entry = {decode([i]): lp for i, lp in scored.top[pos]}
-        entry.setdefault(text, scored.token_logprobs[pos])
-        tops.append(entry)
+        tops.append(top_strings(scored.top[pos], decode,
+                                (token_id, scored.token_logprobs[pos])))
     return {"tokens": tokens, "token_logprobs": scored.token_logprobs[first:],
             "top_logprobs": tops, "text_offset": offsets}
