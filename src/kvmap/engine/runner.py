@@ -104,7 +104,9 @@ class ModelRunner:
     def run(self, items: list[tuple[Request, int]], policy=None) -> StepOutput:
         input_ids, positions, meta, sample_rows, sampled = self.build(items, policy)
         hidden = self.model(input_ids, positions, meta, self.kv)
-        logits = self.model.logits(hidden[sample_rows]) if sampled else hidden.new_empty(0)
+        # every token sampled (all decodes): the rows are 0..T-1, no gather needed
+        rows = hidden if len(sampled) == hidden.shape[0] else hidden[sample_rows]
+        logits = self.model.logits(rows) if sampled else hidden.new_empty(0)
         if self.device.type == "cuda":      # the engine times the run (cost model, stats)
             torch.cuda.synchronize(self.device)
         return StepOutput(logits, sampled, meta, hidden)

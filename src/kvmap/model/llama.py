@@ -63,11 +63,15 @@ class Rotary:
         self.cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)            # (P, D)
         self.sin_signed = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
         self.half = config.head_dim // 2
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        """(T, 1, D) cos and signed sin for these positions, once per forward."""
-        return (self.cos[positions].to(dtype)[:, None, :],
-                self.sin_signed[positions].to(dtype)[:, None, :])
+        """(T, 1, D) cos and signed sin for these positions, once per forward: rows of
+        tables cast to ``dtype`` once (the same values as casting the rows each step)."""
+        if dtype not in self._cast:
+            self._cast[dtype] = (self.cos.to(dtype), self.sin_signed.to(dtype))
+        cos, sin = self._cast[dtype]
+        return cos[positions][:, None, :], sin[positions][:, None, :]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: (T, H, D) -> RoPE(x), same shape."""
@@ -173,10 +177,10 @@ class LlamaModel(torch.nn.Module):
             q, k = qk[:, :hq], qk[:, hq:]                                # (T, hq|hkv, d)
             v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
             attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i)
-            x = x + layer["o"](attn)
+            x += layer["o"](attn)            # in place: x is this forward's own fp32 copy
             gu = layer["gate_up"](self._normed(x))                                # (T, 2F)
             g, u = gu.chunk(2, dim=-1)
-            x = x + layer["down"](F.silu(g) * u)
+            x += layer["down"](F.silu(g).mul_(u))
         return (F.rms_norm(x, (x.shape[-1],), None, self.config.rms_norm_eps)
                 * self.norm).to(self.dtype)
 
