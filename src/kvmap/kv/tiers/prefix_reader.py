@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.frames import FrameMismatch
 
 MAX_READ_AHEAD_BLOCKS = 128     # frames held read ahead; past it the oldest is dropped
 
@@ -103,11 +104,8 @@ class PrefixReader:
             else:
                 return FrameRead(None, None, 0, None, time.perf_counter() - start_s)
         try:
-            if layout is not None:
-                layout.check(data)
-                frame = data
-            else:
-                frame = store.frames.decode(data, level.codec)
+            frame = store.frames.decode(data, level.codec) if layout is None \
+                else _checked_raw(data, layout, store.frames, level.codec)
         except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
             with store.lock:
                 level.tier.delete(block_hash)
@@ -121,3 +119,14 @@ class PrefixReader:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
         self._ahead.clear()
+
+
+def _checked_raw(data: bytes, layout, frames, codec):
+    """``data`` checked against ``layout`` (CRC, skeleton) and returned raw, or, when
+    its skeleton differs (a codec whose frames are not all alike), decoded and checked
+    the ordinary way (``BlockFrames.decode``)."""
+    try:
+        layout.check(data)
+        return data
+    except FrameMismatch:
+        return frames.decode(data, codec)
