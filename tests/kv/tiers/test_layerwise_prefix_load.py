@@ -209,3 +209,22 @@ def test_attention_waits_for_a_slow_load(monkeypatch):
             assert engine.store.stats.layerwise_wait_s > 0        # it did wait
         engine.close()
     assert torch.equal(logits["layerwise"], logits["per-block"])
+
+
+def test_a_level_in_another_codec_is_copied_block_by_block(tmp_path):
+    """Blocks that reach a disk level of another codec (int4) are decoded and copied at
+    admission, the rest loaded layer by layer: the same tokens as the per-block fetch,
+    no frame counted bad."""
+    kv = "fp32+tiers(host=12KiB,disk=1MiB,disk_path=DIR,disk_codec=int4,fetch=always)"
+    outs = {}
+    for mode in ("layerwise", "per-block"):
+        llm, req = serve_from_tier(kv, mode, tmp_path / mode)
+        stats = llm.engine.store.stats
+        assert req.metrics.num_cached_prompt_tokens == (len(PREFIX) // 4) * 4
+        assert not stats.errors and llm.kv_usage()["tiers"]["disk"]["num_hits"] > 0
+        if mode == "layerwise":      # some blocks from each level
+            assert 0 < stats.num_layerwise_blocks < stats.num_promoted_blocks
+        outs[mode] = req.output_token_ids
+        llm.engine.check_integrity()
+        llm.engine.close()
+    assert outs["layerwise"] == outs["per-block"]

@@ -127,24 +127,22 @@ class LayerLoad:
 
     def _copy_layer(self, layer: int, store, raw: list[int], decoded: list[int],
                     ids: torch.Tensor) -> None:
+        """Bytes into bytes: each pool tensor seen as (blocks, bytes) (contiguous, see
+        ``PrefixLoads``), so a slice of the gathered rows needs no copy of its own, nor
+        the dtype's alignment."""
         start, end = self.layout.layer_ranges[layer]
         rows = None
         if raw:        # (R, layer bytes): one gather of this layer's bytes of every frame
-            joined = b"".join(memoryview(self.sources[i])[start:end] for i in raw)
-            rows = np.frombuffer(joined, np.uint8).reshape(len(raw), end - start)
+            joined = bytearray().join(memoryview(self.sources[i])[start:end] for i in raw)
+            rows = torch.frombuffer(joined, dtype=torch.uint8).view(len(raw), end - start)
         for slot in self.layout.tensors[layer]:
-            parts = []
-            if rows is not None:
-                # a copy of its own: C strides (a byte view must fit the dtype) and
-                # writable memory
-                flat = rows[:, slot.offset:slot.offset + slot.num_bytes].copy()
-                parts.append(torch.from_numpy(flat).view(slot.dtype).view(len(raw),
-                                                                          *slot.shape))
+            parts = [] if rows is None else [rows[:, slot.offset:slot.offset + slot.num_bytes]]
             if decoded:
-                parts.append(torch.stack([self.sources[i][layer][slot.name] for i in decoded]))
+                parts.append(torch.stack([self.sources[i][layer][slot.name].reshape(-1)
+                                          .view(torch.uint8) for i in decoded]))
             src = parts[0] if len(parts) == 1 else torch.cat(parts)
             dst = store.blocks[slot.name]
-            dst.index_copy_(0, ids, src.to(dst.device))
+            dst.view(torch.uint8).view(dst.shape[0], -1).index_copy_(0, ids, src.to(dst.device))
 
     def wait(self, layer: int) -> float:
         """Block until layer ``layer`` is copied; the seconds waited."""

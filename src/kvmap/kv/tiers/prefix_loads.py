@@ -10,9 +10,10 @@ layer during the forward pass (``layer_loader.py``).
 - ``batched``: the same reads, checks and copies, finished before admission returns (the
   synchronous form of the same work: what ``layerwise`` is measured against).
 - ``per-block``: decode each frame and copy it, block by block, at admission (the
-  store's original path; also what serves a level in another codec, a compacted state
-  whose last block is copied at once, and any store with a shared level, which publishes
-  a block's content as soon as it is named).
+  store's original path; also what serves a compacted state, whose last block is copied
+  at once, and any store with a shared level, which publishes a block's content as soon
+  as it is named). Within a layer-wise take, a block from a level of another codec
+  (``disk_codec=int4``) is decoded and copied this way too.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class PrefixLoads:
         self.layout = FrameLayout(store.frames.encode_pool_block(0, store.kv.codec))
         self._prefix_load = "layerwise"
         self._waits_counted_s = 0.0
+        # the loader copies bytes into each pool tensor seen as (blocks, bytes)
+        self._contiguous = all(t.is_contiguous() for layer in store.kv.layers
+                               for t in layer.blocks.values())
 
     @property
     def prefix_load(self) -> str:
@@ -45,14 +49,13 @@ class PrefixLoads:
 
     def serves(self, plan: list, layerwise: bool) -> bool:
         """Whether a take of ``plan`` (per block: its level, or None for the pool) is
-        loaded here: the caller allows it, some block comes from a tier, every such
-        level keeps the pool's codec, and no level is shared."""
+        loaded here: the caller allows it, some block comes from a level of the pool's
+        codec, and no level is shared."""
         store = self.store
-        if not layerwise or self._prefix_load == "per-block" or \
+        if not layerwise or self._prefix_load == "per-block" or not self._contiguous or \
                 any(lv.tier.shared for lv in store.levels):
             return False
-        return any(lv is not None for lv in plan) and \
-            all(lv is None or store.frames.is_pool_codec(lv.codec) for lv in plan)
+        return any(lv is not None and store.frames.is_pool_codec(lv.codec) for lv in plan)
 
     def take(self, hashes: list[bytes]) -> list[int]:
         """Read and check the frames of ``hashes`` (a planned run) now, allocate and name
@@ -74,11 +77,16 @@ class PrefixLoads:
             if frame is None:
                 break
             block_id = pool.allocate(1)[0]      # may demote a block: earlier loads finish
+            if store.frames.is_pool_codec(level.codec):
+                block_ids.append(block_id)
+                sources.append(frame)
+            else:       # a level of another codec (disk_codec=int4): decoded, copied now
+                store.frames.write_pool_block(block_id, frame, level.codec)
+                stats.num_promoted_blocks += 1
+                stats.num_fetched_tokens += store.block_size
             pool.register_hash(block_id, h)
             store.cost.observe_fetch(level.tier.name, num_bytes, read_s)
             taken.append(block_id)
-            block_ids.append(block_id)
-            sources.append(frame)
         if block_ids:
             self.loader.start(self.layout, block_ids, sources)
             stats.num_layerwise_loads += 1
