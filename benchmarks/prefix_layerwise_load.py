@@ -68,13 +68,15 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         out[f"hidden_fraction_vs_{ref}"] = 1 - (lw - base) / fetch_s if fetch_s else None
         out[f"ttft_added_{ref}_s"] = med[ref]["ttft_s"] - base
     out["ttft_added_layerwise_s"] = lw - base
+    # one prompt for every run only without a suffix
     out["same_first_token"] = len({r["token_id"] for rs in runs.values() for r in rs}) == 1
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--context", type=int, default=2048, help="document tokens (> 600)")
+    ap.add_argument("--context", type=int, default=2048,
+                    help="document tokens (more than suffix + 600)")
     ap.add_argument("--suffix-tokens", type=int, default=0,
                     help="tokens of other text between the document and the question")
     ap.add_argument("--rounds", type=int, default=5)
@@ -84,28 +86,35 @@ def main() -> None:
     tiers = ("tiers(host=1GiB,fetch=always)" if args.tier == "host" else
              f"tiers(disk=1GiB,disk_path={tempfile.mkdtemp()},fetch=always)")
     kv = f"int8+{tiers}"
-    # a pool of about context + 600 int8 tokens (a token budget counts bf16 tokens, an
-    # int8 token is about half of one): the document fits, document + flush does not
-    llm = LLM(dtype="bf16", kv=kv, kv_memory=f"{(args.context + 600) // 2 + 64} tokens",
+    # a pool of about context + suffix + 600 int8 tokens (a token budget counts bf16
+    # tokens, an int8 token is about half of one): B fits, document + flush does not
+    pool_tokens = (args.context + args.suffix_tokens + 600) // 2 + 64
+    llm = LLM(dtype="bf16", kv=kv, kv_memory=f"{pool_tokens} tokens",
               max_num_seqs=1, num_threads=args.threads)
     tok = llm.tokenizer
     document = encode_text(tok, take_tokens(tok, args.context))
     flush = encode_text(tok, take_tokens(tok, args.context, start_paragraph=100))
-    suffix = encode_text(tok, take_tokens(tok, args.suffix_tokens, start_paragraph=50)) \
-        if args.suffix_tokens else []
-    prompt = document + suffix + encode_text(tok, "\n\nWhat is this text about?")
+    question = encode_text(tok, "\n\nWhat is this text about?")
+    prompts = iter(range(10_000))
+
+    def prompt() -> list[int]:
+        """B's prompt; a suffix of its own each run (else the tier would hold it too)."""
+        if not args.suffix_tokens:
+            return document + question
+        text = take_tokens(tok, args.suffix_tokens + 32, start_paragraph=200 + 3 * next(prompts))
+        return document + encode_text(tok, text)[:args.suffix_tokens] + question
     loads = [os.getloadavg()]
     for mode in MODES:                          # warm-up, not counted
-        run_once(llm, mode, document, flush, prompt)
+        run_once(llm, mode, document, flush, prompt())
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES[r % 4:] + MODES[:r % 4]:
-            runs[mode].append(run_once(llm, mode, document, flush, prompt))
+            runs[mode].append(run_once(llm, mode, document, flush, prompt()))
         loads.append(os.getloadavg())
         print(f"round {r}: " + "  ".join(f"{m} {runs[m][-1]['ttft_s']:.3f}s" for m in MODES),
               flush=True)
     metrics = {**summarize(runs), "runs": runs, "load_average": loads,
-               "num_prompt_tokens": len(prompt)}
+               "num_prompt_tokens": len(document) + args.suffix_tokens + len(question)}
     for k, v in metrics.items():
         if k not in ("runs", "load_average", "median"):
             print(f"{k:32s} {v}")
