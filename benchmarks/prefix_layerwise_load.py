@@ -24,10 +24,10 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import write_record  # noqa: E402
+from prefix_read_ahead import int8_tier_spec  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.workloads.corpus import encode_text, take_tokens  # noqa: E402
@@ -83,9 +83,7 @@ def main() -> None:
     ap.add_argument("--tier", choices=("host", "disk"), default="host")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    tiers = ("tiers(host=1GiB,fetch=always)" if args.tier == "host" else
-             f"tiers(disk=1GiB,disk_path={tempfile.mkdtemp()},fetch=always)")
-    kv = f"int8+{tiers}"
+    kv = int8_tier_spec(args.tier)
     # a pool of about context + suffix + 600 int8 tokens (a token budget counts bf16
     # tokens, an int8 token is about half of one): B fits, document + flush does not
     pool_tokens = (args.context + args.suffix_tokens + 600) // 2 + 64

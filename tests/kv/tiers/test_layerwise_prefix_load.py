@@ -24,14 +24,21 @@ TIERS = {"host": "tiers(host=1MiB,fetch=always)",
          "disk": "tiers(disk=1MiB,disk_path=DIR,fetch=always)"}
 
 
-def serve_from_tier(kv: str, mode: str, tmp_path, **kw):
-    """The PREFIX served, pushed out of the pool into the tier, then PREFIX + TAIL
-    admitted at once (no read-ahead) with ``prefix_load=mode``: (llm, request)."""
+def pushed_out(kv: str, mode: str, tmp_path=""):
+    """A tiny LLM with ``prefix_load=mode`` whose PREFIX was served and then pushed out
+    of the pool (all but its first 3 blocks) into the tier."""
     llm = make_tiny_llm(kv=kv.replace("DIR", str(tmp_path)), num_blocks=40, block_size=4,
-                        max_num_batched_tokens=64, **kw)
+                        max_num_batched_tokens=64)
     llm.engine.store.loads.prefix_load = mode
     llm.generate([PREFIX], GREEDY)
-    llm.generate([FLUSH], GREEDY)          # the pool reuses every block: PREFIX in the tier
+    llm.generate([FLUSH], GREEDY)          # the pool reuses its blocks: PREFIX in the tier
+    return llm
+
+
+def serve_from_tier(kv: str, mode: str, tmp_path):
+    """PREFIX + TAIL admitted at once (no read-ahead) after ``pushed_out``:
+    (llm, request)."""
+    llm = pushed_out(kv, mode, tmp_path)
     req = llm.engine.add_request(PREFIX + TAIL, GREEDY)
     while llm.engine.has_unfinished():
         llm.engine.step()
@@ -63,12 +70,7 @@ def test_layerwise_blocks_hold_the_frames_bytes_and_logits_equal():
     block's tensors equal to its frame in the tier."""
     logits, blocks = {}, {}
     for mode in ("layerwise", "per-block"):
-        llm = make_tiny_llm(kv="int8+tiers(host=1MiB,fetch=always)", num_blocks=40,
-                            block_size=4)
-        engine = llm.engine
-        engine.store.loads.prefix_load = mode
-        llm.generate([PREFIX], GREEDY)
-        llm.generate([FLUSH], GREEDY)
+        engine = pushed_out("int8+tiers(host=1MiB,fetch=always)", mode).engine
         logits[mode] = engine.score(PREFIX + TAIL, len(PREFIX) + 1)
         store = engine.store
         assert (store.stats.num_layerwise_blocks > 0) == (mode == "layerwise")
@@ -88,11 +90,8 @@ def test_layerwise_blocks_hold_the_frames_bytes_and_logits_equal():
 
 def test_a_batch_with_another_request_waits_per_layer():
     """A decode of another request and the fetched prefix share one forward pass."""
-    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,fetch=always)", num_blocks=40,
-                        block_size=4)
+    llm = pushed_out("fp32+tiers(host=1MiB,fetch=always)", "layerwise")
     engine = llm.engine
-    llm.generate([PREFIX], GREEDY)
-    llm.generate([FLUSH], GREEDY)
     other = engine.add_request(TAIL * 3, SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
     req = engine.add_request(PREFIX + TAIL, GREEDY)
@@ -110,11 +109,8 @@ def test_a_batch_with_another_request_waits_per_layer():
 
 
 def test_a_corrupt_frame_is_a_miss_and_the_rest_is_recomputed():
-    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,fetch=always)", num_blocks=40,
-                        block_size=4)
+    llm = pushed_out("fp32+tiers(host=1MiB,fetch=always)", "layerwise")
     engine = llm.engine
-    llm.generate([PREFIX], GREEDY)
-    llm.generate([FLUSH], GREEDY)
     tier, pool = engine.store.levels[0].tier, engine.kv.pool
     hashes = block_hashes(PREFIX, 4, engine.scheduler.prefix_salt)
     first_tier = next(i for i, h in enumerate(hashes) if h not in pool.hash_to_block)
@@ -164,11 +160,8 @@ def test_frame_layout_refuses_another_layout_and_a_flipped_bit():
 def test_demotion_finishes_a_pending_load_only_for_its_blocks():
     """A block named but still being copied in is never written down a tier half
     copied: demoting it waits for the load; demoting another block does not."""
-    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,fetch=always)", num_blocks=40,
-                        block_size=4)
+    llm = pushed_out("fp32+tiers(host=1MiB,fetch=always)", "layerwise")
     engine = llm.engine
-    llm.generate([PREFIX], GREEDY)
-    llm.generate([FLUSH], GREEDY)
     loader, pool = engine.store.loads.loader, engine.kv.pool
     taken = engine.store.take_prefix(block_hashes(PREFIX, 4, engine.scheduler.prefix_salt),
                                      0, layerwise=True)
@@ -198,12 +191,7 @@ def test_attention_waits_for_a_slow_load(monkeypatch):
     monkeypatch.setattr(LayerLoad, "_copy_layer", delayed)
     logits = {}
     for mode in ("layerwise", "per-block"):
-        llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,fetch=always)", num_blocks=40,
-                            block_size=4)
-        engine = llm.engine
-        engine.store.loads.prefix_load = mode
-        llm.generate([PREFIX], GREEDY)
-        llm.generate([FLUSH], GREEDY)
+        engine = pushed_out("fp32+tiers(host=1MiB,fetch=always)", mode).engine
         logits[mode] = engine.score(PREFIX + TAIL, len(PREFIX) + 1)
         if mode == "layerwise":
             assert engine.store.stats.layerwise_wait_s > 0        # it did wait
