@@ -216,3 +216,24 @@ def test_a_level_in_another_codec_is_copied_block_by_block(tmp_path):
         llm.engine.check_integrity()
         llm.engine.close()
     assert outs["layerwise"] == outs["per-block"]
+
+
+def test_a_failed_copy_raises_and_its_blocks_are_not_reused(monkeypatch):
+    """A copy that raises (a bug: bad frames are refused at admission) fails the step
+    and leaves no block named by a hash it does not hold."""
+    def broken(self, *args):
+        raise RuntimeError("copy failed")
+    monkeypatch.setattr(LayerLoad, "_copy_layer", broken)
+    llm = pushed_out("fp32+tiers(host=1MiB,fetch=always)", "layerwise")
+    engine = llm.engine
+    req = engine.add_request(PREFIX + TAIL, GREEDY)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        engine.step()
+    pool, stats = engine.kv.pool, engine.store.stats
+    hashes = block_hashes(PREFIX, 4, engine.scheduler.prefix_salt)
+    first_tier = req.metrics.num_cached_prompt_tokens // 4 - stats.num_layerwise_blocks
+    assert stats.num_layerwise_blocks > 0 and first_tier == 3
+    assert all(h in pool.hash_to_block for h in hashes[:first_tier])   # from the pool
+    assert all(h not in pool.hash_to_block for h in hashes[first_tier:])
+    assert not engine.store.loads.loader.pending
+    engine.close()

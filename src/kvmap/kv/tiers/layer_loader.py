@@ -165,7 +165,6 @@ class LayerLoader:
             1, thread_name_prefix="kvmap-layer-load")
         self.wait_s = 0.0         # engine time blocked on a layer (model idle)
         self.copy_s = 0.0         # loader thread time copying, loads finished
-        self.num_loads = 0
 
     @property
     def pending(self) -> bool:
@@ -175,10 +174,12 @@ class LayerLoader:
         """Whether a pending load is still to write pool block ``block_id``."""
         return any(block_id in load.block_set for load, _ in self._pending)
 
+    def pending_block_ids(self) -> list[int]:
+        return [b for load, _ in self._pending for b in load.block_ids]
+
     def start(self, layout: FrameLayout, block_ids: list[int], sources: list) -> None:
         load = LayerLoad(self.layers, layout, block_ids, sources)
         self._pending.append((load, self._executor.submit(load.run)))
-        self.num_loads += 1
 
     def wait(self, layer: int) -> None:
         """Before attention reads layer ``layer``: every pending load has copied it."""

@@ -112,7 +112,14 @@ class PrefixLoads:
         count as ``io_wait_s``; the copy time it did not wait for, as hidden."""
         if not self.loader.pending:
             return
-        copy_s = self.loader.finish()
+        block_ids = self.loader.pending_block_ids()
+        try:
+            copy_s = self.loader.finish()
+        except BaseException:    # a copy failed (a bug, not a bad frame: those were
+            pool = self.store.kv.pool    # refused at admission): no one reuses the blocks
+            for block_id in block_ids:
+                pool.forget_hash(block_id)
+            raise
         waited_s = self.loader.wait_s - self._waits_counted_s
         self._waits_counted_s = self.loader.wait_s
         stats = self.store.stats
