@@ -25,6 +25,13 @@ from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.workloads.corpus import encode_text, take_tokens  # noqa: E402
 
 
+def int8_tier_spec(tier: str) -> str:
+    """int8 KV over one host or disk tier (a fresh directory) that always fetches."""
+    tiers = ("tiers(host=1GiB,fetch=always)" if tier == "host" else
+             f"tiers(disk=1GiB,disk_path={tempfile.mkdtemp()},fetch=always)")
+    return f"int8+{tiers}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", type=int, default=2048)
@@ -32,9 +39,7 @@ def main() -> None:
     ap.add_argument("--tier", choices=("host", "disk"), default="host")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    tiers = ("tiers(host=1GiB,fetch=always)" if args.tier == "host" else
-             f"tiers(disk=1GiB,disk_path={tempfile.mkdtemp()},fetch=always)")
-    kv = f"int8+{tiers}"
+    kv = int8_tier_spec(args.tier)
     # a pool of about context + 600 int8 tokens (a token budget counts bf16 tokens, and
     # an int8 token is about half of one): the document fits, document + flush does not
     llm = LLM(dtype="bf16", kv=kv, kv_memory=f"{(args.context + 600) // 2 + 64} tokens",

@@ -97,6 +97,8 @@ class ModelRunner:
             meta.accumulate = policy.needs_accumulated_attention
         if self.kv.per_layer_tables:
             meta.layers = per_layer_metas(meta, self.kv.pool)
+        if self.kv.tiers is not None:     # prefix blocks still being copied in, per layer
+            meta.layer_loads = self.kv.tiers.loads.pending()
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)
@@ -104,6 +106,8 @@ class ModelRunner:
     def run(self, items: list[tuple[Request, int]], policy=None) -> StepOutput:
         input_ids, positions, meta, sample_rows, sampled = self.build(items, policy)
         hidden = self.model(input_ids, positions, meta, self.kv)
+        if meta.layer_loads is not None:
+            self.kv.tiers.finish_loads()
         # every token sampled (all decodes): the rows are 0..T-1, no gather needed
         rows = hidden if len(sampled) == hidden.shape[0] else hidden[sample_rows]
         logits = self.model.logits(rows) if sampled else hidden.new_empty(0)

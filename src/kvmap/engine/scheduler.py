@@ -195,7 +195,8 @@ class Scheduler:
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
         if self.store is not None and len(found) < len(hashes):
-            found += self.store.take_prefix(hashes, len(found))
+            # the forward pass runs next: fetched blocks may arrive layer by layer in it
+            found += self.store.take_prefix(hashes, len(found), layerwise=True)
         if found:
             req.block_ids = found
             req.num_computed_tokens = req.num_kv_slots = len(found) * self.block_size
@@ -289,6 +290,7 @@ class Scheduler:
         if self.pager is None or any(r is not req for r in self.running):
             return False
         need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        self.store.finish_loads()          # paging out reads the blocks just fetched
         return self.pager.page_out(req, need)
 
     def preempt(self, req: Request) -> None:

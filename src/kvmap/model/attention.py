@@ -95,6 +95,9 @@ class AttentionMetadata:
     decode_rows: HeadRows | None = None
     # per-layer block tables (kvmap.engine.layer_tables): layer -> its own metadata
     layers: list | None = None
+    # prefix blocks being copied into the pool layer by layer (kvmap.kv.tiers.
+    # layer_loader.LayerLoader): wait(layer) before a layer reads or writes its store
+    layer_loads: object | None = None
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -118,6 +121,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
                     layer_idx: int = 0) -> torch.Tensor:
     """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
     Mutates ``store`` (writes k, v at ``meta.slot_ids``)."""
+    if meta.layer_loads is not None:
+        meta.layer_loads.wait(layer_idx)
     if meta.layers is not None:          # per-layer block tables: this layer's own
         meta = meta.layers[layer_idx]
     T, num_heads, head_dim = q.shape

@@ -19,13 +19,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.frames import FrameMismatch
 
 MAX_READ_AHEAD_BLOCKS = 128     # frames held read ahead; past it the oldest is dropped
 
 
 class FrameRead(NamedTuple):
     """One prefix frame as read: ``level`` None when no level holds it; ``frame`` None
-    when it failed its checks (``error`` names the kind)."""
+    when it failed its checks (``error`` names the kind), else decoded (a ``Frame``) or,
+    for a layer-wise load, the checked raw bytes."""
 
     level: Any
     frame: Any
@@ -77,9 +79,21 @@ class PrefixReader:
         stats.tier_fetch_hidden_s += max(0.0, out.seconds - waited_s)
         return out
 
-    def _read(self, block_hash: bytes) -> FrameRead:
+    def read_for_layers(self, block_hash: bytes, layout) -> FrameRead:
+        """The frame of ``block_hash`` for a layer-wise load (``layer_loader.py``): its
+        read-ahead, decoded (waited for if still running), or the raw bytes read now and
+        checked against ``layout`` (a ``FrameLayout``: CRC and skeleton), not decoded.
+        Engine thread only."""
+        if block_hash in self._ahead:
+            return self.read(block_hash)
+        out = self._read(block_hash, layout)
+        self.store.stats.tier_fetch_read_s += out.seconds
+        return out
+
+    def _read(self, block_hash: bytes, layout=None) -> FrameRead:
         """Read and check the frame from the highest level holding it (any thread); a
-        frame that fails its checks is deleted from its level."""
+        frame that fails its checks is deleted from its level. With ``layout``, the
+        frame is checked against it and returned as raw bytes, else decoded."""
         store = self.store
         start_s = time.perf_counter()
         with store.lock:
@@ -90,7 +104,8 @@ class PrefixReader:
             else:
                 return FrameRead(None, None, 0, None, time.perf_counter() - start_s)
         try:
-            frame = store.frames.decode(data, level.codec)
+            frame = store.frames.decode(data, level.codec) if layout is None \
+                else _checked_raw(data, layout, store.frames, level.codec)
         except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
             with store.lock:
                 level.tier.delete(block_hash)
@@ -104,3 +119,14 @@ class PrefixReader:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
         self._ahead.clear()
+
+
+def _checked_raw(data: bytes, layout, frames, codec):
+    """``data`` checked against ``layout`` (CRC, skeleton) and returned raw, or, when
+    its skeleton differs (a codec whose frames are not all alike), decoded and checked
+    the ordinary way (``BlockFrames.decode``)."""
+    try:
+        layout.check(data)
+        return data
+    except FrameMismatch:
+        return frames.decode(data, codec)

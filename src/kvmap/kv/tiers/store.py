@@ -27,7 +27,11 @@ disk are misses or failed puts, counted by the tier (``TierStats.errors``) or he
 (``stats.errors``), and the blocks not fetched are recomputed.
 
 A waiting request's prefix frames are read ahead on a background thread while the
-model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``).
+model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``). An
+admitted request's fetched frames are copied into the pool layer by layer while its
+forward pass runs (:mod:`~kvmap.kv.tiers.prefix_loads`): until :meth:`finish_loads`,
+those blocks are named but not yet written, so everything here that reads a block's
+content (demotion, publishing) finishes the loads first.
 
 The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
 larger than the pool through the same levels (keys ``page/...``, one frame per page per
@@ -55,6 +59,7 @@ from kvmap.kv.tiers.layout import Layout, TierLevel
 from kvmap.kv.tiers.page_frames import page_layer
 from kvmap.kv.tiers.pager import Pager
 from kvmap.kv.tiers.shared_namespace import layout_fingerprint
+from kvmap.kv.tiers.prefix_loads import PrefixLoads
 from kvmap.kv.tiers.prefix_reader import PrefixReader
 
 
@@ -77,6 +82,13 @@ class StoreStats:
     num_read_ahead_used: int = 0      # ... that a fetch then used
     tier_fetch_read_s: float = 0.0    # time reading + checking frames, either thread
     tier_fetch_hidden_s: float = 0.0  # ... of it spent while the engine did other work
+    # layer-wise prefix loads (``prefix_loads.py``): an admitted request's fetched blocks
+    # copied into the pool layer by layer while its forward pass runs
+    num_layerwise_loads: int = 0
+    num_layerwise_blocks: int = 0
+    layerwise_copy_s: float = 0.0     # loader thread time copying
+    layerwise_wait_s: float = 0.0     # engine time blocked on a layer not yet copied
+    layerwise_hidden_s: float = 0.0   # copy time that ran while the engine computed
     demote_s: float = 0.0             # engine time spent demoting
     errors: Counter = field(default_factory=Counter)
 
@@ -143,6 +155,7 @@ class TieredStore:
             kv.pool.on_register = self.publish
         kv.tiers = self
         self.reader = PrefixReader(self)          # prefix frames read ahead
+        self.loads = PrefixLoads(self)            # ... and copied in layer by layer
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
@@ -172,6 +185,7 @@ class TieredStore:
         ``level_name``. True if that level holds it afterwards. Never raises for a
         storage fault (a failed put is counted by the tier)."""
         level = self.levels[0] if level_name is None else self.level(level_name)
+        self.loads.finish_for(block_id)      # it may be one still being copied in
         with self.lock:
             if level.tier.contains(block_hash):
                 self.stats.num_demotes_skipped += 1
@@ -203,6 +217,7 @@ class TieredStore:
     def publish(self, block_id: int, block_hash: bytes) -> None:
         """The pool's ``on_register`` when a level is shared: a block just named by its
         hash is written through to every shared level, so peers find it now."""
+        self.loads.finish_for(block_id)
         with self.lock:
             for level in self.levels:
                 if level.tier.shared and not level.tier.contains(block_hash):
@@ -226,22 +241,46 @@ class TieredStore:
         lower.tier.put(key, data)
 
     # ---- promotion --------------------------------------------------------------------
-    def take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
-        # tier calls take ``lock`` one by one, never across a wait for a read-ahead
-        # frame (its reader thread needs the lock too)
-        return self._take_prefix(block_hashes, start_block)
-
-    def _take_prefix(self, block_hashes: list[bytes], start_block: int) -> list[int]:
+    def take_prefix(self, block_hashes: list[bytes], start_block: int,
+                    layerwise: bool = False) -> list[int]:
         """Continue a prefix hit after the pool's first ``start_block`` blocks.
 
         ``block_hashes`` are the request's full-block hashes. Returns the ids of the
         following blocks found, in order, each holding one reference: blocks the pool
         still caches, and blocks fetched from the tiers (registered under their hash).
         Stops at the first block held nowhere, where the cost model prefers recompute,
-        at a fetch that fails, or when the pool has no free block."""
+        at a fetch that fails, or when the pool has no free block. With ``layerwise``
+        (the caller runs the forward pass next, before reading any block itself) and
+        ``loads.prefix_load="layerwise"``, the fetched blocks' contents arrive during
+        that forward pass (``prefix_loads.py``)."""
+        # tier calls take ``lock`` one by one, never across a wait for a read-ahead
+        # frame (its reader thread needs the lock too)
         pool, bs = self.kv.pool, self.block_size
         hashes = block_hashes[start_block:]
-        plan: list[Level | None] = []               # None: the pool holds it
+        plan = self._plan(hashes, start_block)
+        start_s = time.perf_counter()
+        if self.loads.serves(plan, layerwise):
+            taken = self.loads.take(hashes[:len(plan)])
+        else:
+            taken = []
+            for h in hashes[:len(plan)]:
+                if h in pool.hash_to_block:             # still (or again) in the pool
+                    taken += pool.lookup([h])
+                    continue
+                block_id = self._fetch(h)
+                if block_id is None:
+                    break
+                taken.append(block_id)
+        if any(lv is not None for lv in plan):
+            self.stats.io_wait_s += time.perf_counter() - start_s
+        self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
+        return taken
+
+    def _plan(self, hashes: list[bytes], start_block: int) -> list[Level | None]:
+        """Where each block of the run after ``start_block`` comes from (None: the pool),
+        up to the first held nowhere, cut where the cost model prefers recompute."""
+        pool, bs = self.kv.pool, self.block_size
+        plan: list[Level | None] = []
         with self.lock:      # discover changes a shared level's local view: the reader's too
             for level in self.levels:               # shared levels read their index
                 level.tier.discover(hashes)
@@ -260,20 +299,12 @@ class TieredStore:
             first_tier = next(i for i, lv in enumerate(plan) if lv is not None)
             self.stats.num_recomputed_tokens += (len(plan) - first_tier) * bs
             plan = plan[:first_tier]
-        taken: list[int] = []
-        start_s = time.perf_counter()
-        for h in hashes[:len(plan)]:
-            if h in pool.hash_to_block:             # still (or again) in the pool
-                taken += pool.lookup([h])
-                continue
-            block_id = self._fetch(h)
-            if block_id is None:
-                break
-            taken.append(block_id)
-        if tier_blocks:
-            self.stats.io_wait_s += time.perf_counter() - start_s
-        self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
-        return taken
+        return plan
+
+    def finish_loads(self) -> None:
+        """Complete every layer-wise load (``prefix_loads.py``): after the forward pass,
+        and before anything reads a block's content."""
+        self.loads.finish()
 
     def read_ahead(self, block_hashes: list[bytes]) -> None:
         """Read a waiting request's tier-held prefix frames on a background thread
@@ -340,6 +371,8 @@ class TieredStore:
         """Empty and release every level; the pool stops demoting. Idempotent."""
         if self.pager is not None:
             self.pager.close()           # stops the prefetch thread first
+        if getattr(self, "loads", None) is not None:
+            self.loads.close()
         if getattr(self, "reader", None) is not None:
             self.reader.close()
         if self.kv.pool.on_evict == self.demote:
