@@ -28,7 +28,9 @@ import math
 
 import torch
 
+from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.policies.base import Policy
+from kvmap.kv.spec import KVGeometry
 
 GPU_MEMORY_UTILIZATION = 0.9
 RESERVE_BYTES_PER_GPU = 2 * 2**30
@@ -44,6 +46,16 @@ def kv_heads_per_gpu(num_kv_heads: int, num_heads: int, num_gpus: int) -> int:
         raise ValueError(f"num_gpus={num_gpus} does not split {num_heads} attention heads and "
                          f"{num_kv_heads} KV heads evenly (tensor parallelism)")
     return max(1, num_kv_heads // num_gpus)
+
+
+def per_layer_tables(kv_config, model_config, block_size: int, has_tiers: bool) -> bool:
+    """Whether the engine runs ``kv_config`` with per-layer block tables
+    (``kvmap.kv.layer_pool.wants_per_layer_tables``: a ``layer_budgets`` policy, by default
+    where the codec can share one store and there are no tiers). Those free each layer's
+    hole and share no prefix blocks."""
+    geom = KVGeometry.of(model_config, block_size)
+    return wants_per_layer_tables(kv_config.policy, kv_config.codec, geom, COMPUTE_DTYPE,
+                                  has_tiers)
 
 
 def resident_tokens_per_seq(context_tokens: int, policy: Policy | None = None,

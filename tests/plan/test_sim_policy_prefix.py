@@ -1,0 +1,77 @@
+"""Prefix caching beside a selection policy in the simulator, as kvmap's engine does it:
+the prompt's blocks are keyed before compaction, compaction is copy on write, and a
+finished compacted sequence is continued by the next turn of its conversation. The hit
+counts are checked against the real engine (tiny random model) on the same two turns."""
+from __future__ import annotations
+
+import pytest
+
+from kvmap import SamplingParams
+from kvmap.kv.config import KVConfig
+from kvmap.plan.catalogue import get_model
+from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest
+from kvmap.plan.sim.blocks import BlockStore
+from kvmap.plan.sim.compaction import compact
+from kvmap.plan.sim.engine import Simulator
+from kvmap.plan.sim.hardware import gpu_hardware
+from kvmap.plan.sim.state import SimState
+from tests.conftest import make_tiny_llm, random_prompts
+
+BS = 4
+PROMPT, QUESTION = random_prompts([30, 10], seed=21)
+NUM_OUTPUT = 6
+
+
+def engine_hits(spec: str) -> int:
+    """Prompt tokens turn 2 takes from the cache in the engine (turn 2 = turn 1's prompt
+    + its answer + a question)."""
+    llm = make_tiny_llm(kv=spec, block_size=BS, max_num_batched_tokens=16)
+    greedy = SamplingParams(max_tokens=NUM_OUTPUT, ignore_eos=True)
+    turn1 = llm.generate([PROMPT], greedy)[0]
+    turn2 = llm.generate([PROMPT + turn1.token_ids + QUESTION], greedy)[0]
+    llm.engine.close()
+    return turn2.metrics.num_cached_prompt_tokens
+
+
+def sim_hits(spec: str) -> int:
+    config = SimConfig(name="p", model=get_model("llama-3-8b"),
+                       hardware=gpu_hardware("h100-80gb"), kv=KVConfig.parse(spec),
+                       workload=None, engine=EngineSettings(block_size=BS,
+                                                            max_num_batched_tokens=16))
+    history = len(PROMPT) + NUM_OUTPUT
+    requests = [SimRequest("t1", len(PROMPT), NUM_OUTPUT, 0.0, "c", 0),
+                SimRequest("t2", history + len(QUESTION), NUM_OUTPUT, 0.0, "c", 1, history)]
+    sim = Simulator(config, requests)
+    assert sim.run().num_finished == 2
+    sim.store.check_integrity()
+    assert sim.store.num_used == 0
+    return {st.req.request_id: st for st in sim.done}["t2"].num_cached_prompt_tokens
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("fp32", 32),                                     # turn 1's 8 full blocks
+    ("snapkv(budget=8,window=4,kernel=3)", 35),       # turn 1's compacted state: 30 + 6 - 1
+    ("streaming_llm(sinks=2,budget=8)", 35),
+    ("snapkv(budget=64,window=4,kernel=3)", 32),      # under budget: never compacted
+])
+def test_a_policy_keeps_prefix_hits_as_in_the_engine(spec, want):
+    assert engine_hits(spec) == want
+    assert sim_hits(spec) == want
+
+
+def test_compaction_is_copy_on_write():
+    """Blocks another request holds stay held (and keyed); sole-held ones are rewritten
+    (keys forgotten) up to the kept count; the rest are cached under their keys."""
+    store = BlockStore(16, 1, [])
+    st = SimState(SimRequest("r", 20, 4), 0.0, num_computed=20)
+    for j in range(5):
+        assert store.claim(("c", j), 0.0)
+        st.keys.append(("c", j))
+    store.claim(("c", 0), 0.0)                       # another holder of block 0
+    assert compact(store, st, 2, BS, 0.0)
+    assert st.keys == [] and st.num_private == 2 and st.compacted
+    assert store.refs == {("c", 0): 1}               # the other holder's, untouched
+    assert len(store.hbm_cached) == 2
+    assert ("c", 3) in store.hbm_cached and ("c", 4) in store.hbm_cached
+    assert store.num_used == 3                       # block 0 + two private
+    store.check_integrity()
