@@ -65,10 +65,12 @@ class Simulator:
         self.num_layers = config.model.config.num_layers
         self.contiguous = e.reservation == "contiguous"
         self.reserve_tokens = e.reservation_tokens or config.model.config.max_position_embeddings
+        # layer_budgets: each layer frees its hole; shares no prefix blocks
+        self.per_layer = capacity.per_layer_tables(config.kv, config.model.config,
+                                                   e.block_size, bool(config.tiers))
         self.keyed = (e.enable_prefix_caching and not self.window
                       and e.hbm_window_tokens is None and not self.contiguous
-                      and not capacity.per_layer_tables(config.kv, config.model.config,
-                                                        e.block_size, bool(config.tiers)))
+                      and not self.per_layer)
         # the engine's prefix lookup leaves a policy's observation window to compute
         self.min_last_chunk = self.policy.observation_window if self.policy is not None \
             and self.policy.needs_window_attention else 1
@@ -114,6 +116,12 @@ class Simulator:
         if st.compacted and not compressed:      # continues a compacted state
             return math.ceil(self._base_slots(st, num_tokens) / self.block_size)
         policy = self.policy if compressed else None
+        if self.per_layer and compressed:    # layer blocks in groups, + one for growth
+            layer_blocks = capacity.resident_layer_blocks(
+                num_tokens, self.block_size, policy, num_layers=self.num_layers,
+                num_prompt_tokens=st.req.prompt_tokens)
+            return min(math.ceil(layer_blocks / self.num_layers) + 1,
+                       math.ceil(num_tokens / self.block_size))
         return capacity.resident_blocks(num_tokens, self.block_size, policy, self.window,
                                         num_layers=self.num_layers,
                                         num_prompt_tokens=st.req.prompt_tokens)
