@@ -20,43 +20,59 @@ from tests.conftest import make_tiny_llm, random_prompts
 BS = 4
 PROMPT, QUESTION = random_prompts([30, 10], seed=21)
 NUM_OUTPUT = 6
+NUM_TURNS = 3
 
 
-def engine_hits(spec: str) -> int:
-    """Prompt tokens turn 2 takes from the cache in the engine (turn 2 = turn 1's prompt
-    + its answer + a question)."""
+def engine_hits(spec: str) -> list[int]:
+    """Prompt tokens turns 2 and 3 take from the cache in the engine (turn k + 1 = turn
+    k's prompt + its answer + a question)."""
     llm = make_tiny_llm(kv=spec, block_size=BS, max_num_batched_tokens=16)
     greedy = SamplingParams(max_tokens=NUM_OUTPUT, ignore_eos=True)
-    turn1 = llm.generate([PROMPT], greedy)[0]
-    turn2 = llm.generate([PROMPT + turn1.token_ids + QUESTION], greedy)[0]
+    prompt, hits = PROMPT, []
+    for turn in range(NUM_TURNS):
+        out = llm.generate([prompt], greedy)[0]
+        if turn:
+            hits.append(out.metrics.num_cached_prompt_tokens)
+        prompt = prompt + out.token_ids + QUESTION
     llm.engine.close()
-    return turn2.metrics.num_cached_prompt_tokens
+    return hits
 
 
-def sim_hits(spec: str) -> int:
+def sim_hits(spec: str) -> list[int]:
     config = SimConfig(name="p", model=get_model("llama-3-8b"),
                        hardware=gpu_hardware("h100-80gb"), kv=KVConfig.parse(spec),
                        workload=None, engine=EngineSettings(block_size=BS,
                                                             max_num_batched_tokens=16))
-    history = len(PROMPT) + NUM_OUTPUT
-    requests = [SimRequest("t1", len(PROMPT), NUM_OUTPUT, 0.0, "c", 0),
-                SimRequest("t2", history + len(QUESTION), NUM_OUTPUT, 0.0, "c", 1, history)]
+    requests, history, prompt = [], 0, len(PROMPT)
+    for turn in range(NUM_TURNS):
+        requests.append(SimRequest(f"t{turn}", prompt, NUM_OUTPUT, 0.0, "c", turn, history))
+        history = prompt + NUM_OUTPUT
+        prompt = history + len(QUESTION)
     sim = Simulator(config, requests)
-    assert sim.run().num_finished == 2
+    assert sim.run().num_finished == NUM_TURNS
     sim.store.check_integrity()
     assert sim.store.num_used == 0
-    return {st.req.request_id: st for st in sim.done}["t2"].num_cached_prompt_tokens
+    done = {st.req.request_id: st for st in sim.done}
+    return [done[f"t{turn}"].num_cached_prompt_tokens for turn in range(1, NUM_TURNS)]
 
 
+# turn 1: 30 prompt tokens, 35 computed; turn 2: 46 prompt tokens, 51 computed
 @pytest.mark.parametrize("spec, want", [
-    ("fp32", 32),                                     # turn 1's 8 full blocks
-    ("snapkv(budget=8,window=4,kernel=3)", 35),       # turn 1's compacted state: 30 + 6 - 1
-    ("streaming_llm(sinks=2,budget=8)", 35),
-    ("snapkv(budget=64,window=4,kernel=3)", 32),      # under budget: never compacted
+    ("fp32", [32, 48]),                               # the earlier turn's full blocks
+    ("snapkv(budget=8,window=4,kernel=3)", [35, 51]),  # its compacted state
+    ("streaming_llm(sinks=2,budget=8)", [35, 51]),
+    ("snapkv(budget=64,window=4,kernel=3)", [32, 48]),  # under budget: never compacted
+    ("snapkv(budget=40,window=4,kernel=3)", [32, 51]),  # compacted from turn 2 on
+    # turn 2 continues turn 1's state and stays within its budget (41 of 46): it is
+    # filed again as it finishes. The engine's Scheduler._file_compacted cannot rename
+    # blocks that already carry the earlier state's keys (BlockPool.register_hash keeps
+    # a block's first hash), so turn 3 finds neither state and recomputes everything.
+    pytest.param("snapkv(budget=0.9,window=4,kernel=3)", [35, 51], marks=pytest.mark.xfail(
+        strict=True, reason="engine: a state continued without recompaction is not refiled")),
 ])
 def test_a_policy_keeps_prefix_hits_as_in_the_engine(spec, want):
-    assert engine_hits(spec) == want
     assert sim_hits(spec) == want
+    assert engine_hits(spec) == want
 
 
 def test_compaction_is_copy_on_write():

@@ -39,6 +39,16 @@ class CompactedState:
         return [(self.owner, "compacted", self.num_tokens, j) for j in range(self.num_blocks)]
 
 
+def compaction_due(num_slots: int, num_kept: int, decoding: bool, decode_every: int) -> bool:
+    """The engine's rule (``PolicyRunner.after_step``): the step that completes the
+    prompt compresses a sequence holding more slots than the policy keeps; a decode step
+    once it is ``decode_every`` slots over (0: never)."""
+    over = num_slots - num_kept
+    if decoding:
+        return decode_every > 0 and over >= decode_every
+    return over > 0
+
+
 def compact(store: BlockStore, st, num_keep_blocks: int, block_size: int,
             now_s: float) -> bool:
     """Compact ``st`` (a ``SimState`` holding keyed blocks) into ``num_keep_blocks``
@@ -62,8 +72,16 @@ def compact(store: BlockStore, st, num_keep_blocks: int, block_size: int,
 
 
 def file_state(store: BlockStore, st, num_kv_tokens: int, block_size: int) -> CompactedState:
-    """``st`` (compacted, holding only private blocks) finishes: name its blocks by the
-    state they hold and cache them. Returns the state."""
+    """``st`` (compacted) finishes: name its blocks by the state they hold and cache them.
+    Keyed blocks it still holds (a state it continued and never compacted again) are
+    renamed too when it alone holds them. Returns the state."""
+    for key in st.keys:
+        if store.refs[key] == 1:
+            del store.refs[key]
+            st.num_private += 1
+        else:
+            store.unclaim(key, cache=True)
+    st.keys = []
     state = CompactedState(st.owner, st.num_computed, st.num_private,
                            num_kv_tokens, num_kv_tokens % block_size != 0)
     for key in state.keys():

@@ -40,7 +40,8 @@ from dataclasses import replace
 from kvmap.plan import capacity
 from kvmap.plan.sim.arrivals import Arrivals
 from kvmap.plan.sim.blocks import BlockStore
-from kvmap.plan.sim.compaction import CompactedState, compact, file_state, take_state
+from kvmap.plan.sim.compaction import (CompactedState, compact, compaction_due, file_state,
+                                       take_state)
 from kvmap.plan.sim.config import SimConfig
 from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
 from kvmap.plan.sim.results import SimResult, StepLog, build_result
@@ -240,15 +241,21 @@ class Simulator:
         if self.keyed and (self.policy is None or not compressed):
             return
         hbm, offloaded = self._split(self._total_blocks(st, st.num_computed, compressed))
-        if st.keys and (hbm >= st.num_hbm_blocks or
-                        not compact(self.store, st, hbm, self.block_size, self.now_s)):
-            return          # nothing to drop yet, or no room for the copy: next step
+        if st.keys and (not self._compaction_due(st) or not compact(
+                self.store, st, min(hbm, st.num_hbm_blocks), self.block_size, self.now_s)):
+            return          # not over its budget yet, or no room for the copy: next step
         if st.num_private > hbm:
             self.store.release(st.num_private - hbm)
             st.num_private = hbm
         if st.num_offloaded > offloaded:
             self.store.unpin(st.num_offloaded - offloaded)
             st.num_offloaded = offloaded
+
+    def _compaction_due(self, st: SimState) -> bool:
+        n = st.num_computed
+        return compaction_due(self._base_slots(st, n) if st.compacted else n,
+                              self._resident_tokens(st, n), n > st.req.prompt_tokens,
+                              self.policy.decode_every_steps(self.block_size))
 
     def _preempt(self, st: SimState) -> None:
         self.running.remove(st)
@@ -352,7 +359,7 @@ class Simulator:
     def _finish(self, st: SimState) -> None:
         st.final_hbm_blocks = st.num_hbm_blocks
         self.running.remove(st)
-        if self.states is not None and st.compacted and not st.keys:
+        if self.states is not None and st.compacted:
             self.states[st.owner] = file_state(self.store, st, self._resident_tokens(
                 st, st.num_computed), self.block_size)
         self._release_blocks(st, cache=self.keyed)
