@@ -12,15 +12,22 @@
     error        completions answer HTTP 500
     unhealthy    /health and /v1/models answer 503 forever
     exit         prints a line and exits with code 3 at once
+    metrics      as ok, each streamed token 0.25 s apart, plus /metrics:
+                 vllm:kv_cache_usage_perc = 0.1 x completions answered so far (at most 1)
+                 and kvmap:fake_scrapes_total, the pages served
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = "ok"
+COUNTS = {"completions": 0, "scrapes": 0}
+LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -40,6 +47,18 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(503, {"error": "loading"})
         if self.path == "/health":
             return self._json(200, {"status": "ok"})
+        if self.path == "/metrics" and MODE == "metrics":
+            with LOCK:
+                COUNTS["scrapes"] += 1
+                usage = min(1.0, 0.1 * COUNTS["completions"])
+                text = (f"vllm:kv_cache_usage_perc {usage}\n"
+                        f"kvmap:fake_scrapes_total {COUNTS['scrapes']}\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return None
         if self.path == "/v1/models":
             ids = ["other-model"] if MODE == "othermodel" else ["fake"]
             return self._json(200, {"object": "list", "data": [{"id": i} for i in ids]})
@@ -74,8 +93,13 @@ class Handler(BaseHTTPRequestHandler):
             event = {"choices": [{"index": 0, "text": " 7",
                                   "finish_reason": "length" if i == n - 1 else None}]}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            if MODE == "metrics":
+                self.wfile.flush()
+                time.sleep(0.25)
         self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+        with LOCK:
+            COUNTS["completions"] += 1
 
 
 def main() -> int:

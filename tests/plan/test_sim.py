@@ -262,11 +262,12 @@ def test_generation_stops_at_the_model_context():
 def test_policy_residency_follows_the_engine_rule():
     """The simulator sizes a compressed sequence by ``Policy.resident_tokens``: a
     fractional budget is a fraction of the prompt, also once decoding has outgrown it
-    (the engine fixes budgets at admission), and per-layer budgets hold the largest."""
+    (the engine fixes budgets at admission), and per-layer budgets on the shared table
+    hold the largest (per-layer tables: ``test_capacity_layer_tables``)."""
     request = SimRequest("r", 1000, 600, arrival_s=0.0)
     for spec, at_prompt, at_end in [("snapkv(budget=0.25)", 250, 250),
                                     ("streaming_llm(sinks=4,window=128)", 132, 132),
-                                    ("h2o(budget=40,layer_budgets=pyramid)", 78, 78)]:
+                                    ("h2o(budget=40,layer_budgets=pyramid,layer_tables=shared)", 78, 78)]:
         config = tiered_config(kv=KVConfig.parse(spec), workload=None, tiers=())
         sim = Simulator(config, [request])
         state = SimState(request, arrival_s=0.0)

@@ -7,8 +7,9 @@ lengths where the server honours it), streamed: TTFT, ITL/TBT, TPOT, E2E and goo
 come from the client's clock (``kvmap.loadgen.results``). The load is the workload's: a
 closed loop of its concurrency (``arrival: [closed:4, ...]`` sweeps it, one cell per
 level) or its open-loop arrival times. ``/metrics`` is scraped before, every
-``SCRAPE_INTERVAL_S`` during and after the cell, for the server's own view and the KV
-memory (``endpoint_memory``). A cell in which no request completed fails, naming the
+``SCRAPE_INTERVAL_S`` during and after the cell by loadgen's ``measure_level`` (the
+pages read during the cell are parsed after it, off the loop that stamps the tokens),
+for the server's own view and the KV memory (``endpoint_memory``). A cell in which no request completed fails, naming the
 endpoint and the first errors.
 """
 from __future__ import annotations
@@ -25,22 +26,12 @@ SCRAPE_INTERVAL_S = 0.25
 _NUMBER = re.compile(r"\d+")
 
 
-async def _scrape(session, entry, endpoint):
-    from kvmap.loadgen.server_metrics import scrape
-    if entry.metrics_path is None:
-        return None
-    return await scrape(session, endpoint.root, path=entry.metrics_path,
-                        headers=entry.headers())
-
-
-async def _watch(session, entry, endpoint, out: list) -> None:
-    while True:
-        out.append(await _scrape(session, entry, endpoint))
-        await asyncio.sleep(SCRAPE_INTERVAL_S)
-
-
-async def _drive(cell: CellSpec, plan, progress: Callable[[float], None]):
+async def _drive(cell: CellSpec, plan, level, progress: Callable[[float], None]):
+    """Run ``plan`` at ``level`` on the endpoint: ``(run, before, after, scrapes)``, the
+    pages read by loadgen's ``measure_level`` (fetched during the level, parsed after it:
+    parsing on the loop would delay the token stamps), or no pages without a path."""
     from kvmap.loadgen.runner import open_session, run_plan
+    from kvmap.loadgen.level import measure_level
     entry = cell.endpoint
     endpoint = http_endpoint(entry, request_timeout_s=min(cell.timeout_s or 300.0, 600.0))
     total, done = len(plan.requests), [0]
@@ -51,16 +42,13 @@ async def _drive(cell: CellSpec, plan, progress: Callable[[float], None]):
 
     async with open_session(endpoint) as session:
         await check_served(session, entry)
-        before = await _scrape(session, entry, endpoint)
-        scrapes: list = [before]
-        watcher = asyncio.create_task(_watch(session, entry, endpoint, scrapes))
-        try:
+        if entry.metrics_path is None:
             run = await run_plan(endpoint, plan, on_done=on_done, session=session)
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-        after = await _scrape(session, entry, endpoint)
-    return run, before, after, scrapes + [after]
+            return run, None, None, []
+        m = await measure_level(session, endpoint, plan, level, interval_s=SCRAPE_INTERVAL_S,
+                                path=entry.metrics_path, headers=entry.headers(),
+                                on_done=on_done)
+    return m.run, m.before, m.after, [m.before, *m.timeline_scrapes, m.after]
 
 
 def _judge(rows: list[dict]) -> None:
@@ -93,7 +81,7 @@ def run_endpoint_workload(cell: CellSpec, progress: Callable[[float], None]
     requests = build_requests(spec, load_tokenizer(entry))
     level = Level(concurrency=spec.concurrency) if spec.concurrency else Level()
     plan = make_plan(requests, level, seed=cell.seed)
-    run, before, after, scrapes = asyncio.run(_drive(cell, plan, progress))
+    run, before, after, scrapes = asyncio.run(_drive(cell, plan, level, progress))
     metrics = load_metrics(run.sent, run.t0_s, run.duration_s, cell.slo)
     if not metrics.get("num_completed"):
         raise RuntimeError(_failure(entry, metrics))

@@ -28,7 +28,9 @@ import math
 
 import torch
 
+from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.policies.base import Policy
+from kvmap.kv.spec import KVGeometry
 
 GPU_MEMORY_UTILIZATION = 0.9
 RESERVE_BYTES_PER_GPU = 2 * 2**30
@@ -44,6 +46,16 @@ def kv_heads_per_gpu(num_kv_heads: int, num_heads: int, num_gpus: int) -> int:
         raise ValueError(f"num_gpus={num_gpus} does not split {num_heads} attention heads and "
                          f"{num_kv_heads} KV heads evenly (tensor parallelism)")
     return max(1, num_kv_heads // num_gpus)
+
+
+def per_layer_tables(kv_config, model_config, block_size: int, has_tiers: bool) -> bool:
+    """Whether the engine runs ``kv_config`` with per-layer block tables
+    (``kvmap.kv.layer_pool.wants_per_layer_tables``: a ``layer_budgets`` policy, by default
+    where the codec can share one store and there are no tiers). Those free each layer's
+    hole and share no prefix blocks."""
+    geom = KVGeometry.of(model_config, block_size)
+    return wants_per_layer_tables(kv_config.policy, kv_config.codec, geom, COMPUTE_DTYPE,
+                                  has_tiers)
 
 
 def resident_tokens_per_seq(context_tokens: int, policy: Policy | None = None,
@@ -82,6 +94,29 @@ def resident_blocks(context_tokens: int, block_size: int, policy: Policy | None 
     return num_blocks
 
 
+def resident_layer_blocks(context_tokens: int, block_size: int, policy: Policy, *,
+                          num_layers: int, num_prompt_tokens: int | None = None) -> int:
+    """Layer blocks (one layer's ``block_size`` slots each) one sequence holds with
+    per-layer block tables (``kvmap.kv.layer_pool``), summed over layers. Once compressed
+    to ``n`` slots (the largest layer's share, ``Policy.resident_tokens``), layer l with
+    budget ``b_l`` (largest ``B``) keeps the blocks of its tokens and of slot ``B`` and
+    frees the blocks wholly inside its hole ``(b_l, B)``::
+
+        held_l = ceil(n / bs) - max(0, floor(B / bs) - ceil(b_l / bs))
+
+    A sequence no longer than ``B`` is never compressed: every layer holds all its
+    blocks. Decoding adds up to one block a layer before the next compression."""
+    n = resident_tokens_per_seq(context_tokens, policy, num_layers=num_layers,
+                                num_prompt_tokens=num_prompt_tokens)
+    if n >= context_tokens:
+        return num_layers * math.ceil(context_tokens / block_size)
+    prompt = context_tokens if num_prompt_tokens is None else num_prompt_tokens
+    budgets = policy.layer_budget_tokens(prompt, num_layers)
+    top = max(budgets) // block_size
+    return sum(math.ceil(n / block_size) - max(0, top - math.ceil(b / block_size))
+               for b in budgets)
+
+
 def usable_kv_bytes_per_gpu(memory_bytes: int, weight_bytes_per_gpu: int,
                             gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                             reserve_bytes_per_gpu: int = RESERVE_BYTES_PER_GPU) -> int:
@@ -98,13 +133,20 @@ def num_blocks_in(kv_bytes: int, kv_bytes_per_block: int) -> int:
 
 def max_context_tokens(num_blocks: int, num_seqs: int, block_size: int,
                        policy: Policy | None = None, sliding_window: int | None = None, *,
-                       num_layers: int | None = None) -> int | None:
+                       num_layers: int | None = None,
+                       per_layer_tables: bool = False) -> int | None:
     """Largest context each of ``num_seqs`` sequences can have at once in ``num_blocks``
-    blocks; None when no context is too long (a policy or window bounds the residency)."""
+    blocks; None when no context is too long (a policy or window bounds the residency).
+    With ``per_layer_tables`` the pool is counted in layer blocks
+    (:func:`resident_layer_blocks`)."""
     if not isinstance(num_seqs, int) or num_seqs <= 0:
         raise ValueError(f"concurrency={num_seqs!r} must be a positive integer")
 
     def fits(context_tokens: int) -> bool:
+        if per_layer_tables:
+            layer_blocks = resident_layer_blocks(context_tokens, block_size, policy,
+                                                 num_layers=num_layers)
+            return num_seqs * layer_blocks <= num_blocks * num_layers
         blocks = resident_blocks(context_tokens, block_size, policy, sliding_window,
                                  num_layers=num_layers)
         return num_seqs * blocks <= num_blocks

@@ -6,7 +6,7 @@ block bytes from the codec, weight bytes, the GPU's memory) and names the result
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvmap.kv.config import KVConfig
 from kvmap.kv.spec import KVGeometry
@@ -44,6 +44,10 @@ class CapacityPlan:
     decode_step_s: float               # `concurrency` sequences at context_tokens
     decode_step_s_at_max_seqs: float   # max_concurrent_seqs sequences (nan when 0)
     notes: tuple[str, ...] = ()
+    # "per-layer": the engine frees each layer's hole (``layer_budgets``); bytes per
+    # sequence are then layer_blocks_per_seq layer blocks, blocks_per_seq rounded up
+    layer_tables: str = "shared"
+    layer_blocks_per_seq: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -84,9 +88,20 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
                                               gpu_memory_utilization, reserve_bytes_per_gpu)
     num_blocks = kv.codec.num_blocks_in(usable, geom_gpu, capacity.COMPUTE_DTYPE)   # + staging
     max_seqs = num_blocks // blocks_per_seq
+    seq_bytes_gpu = blocks_per_seq * block_bytes_gpu
+    per_layer = capacity.per_layer_tables(kv, c, block_size, kv.tiers is not None
+                                          and bool(kv.tiers.levels))
+    layer_blocks = None
+    if per_layer:
+        layer_blocks = capacity.resident_layer_blocks(context_tokens, block_size, kv.policy,
+                                                      num_layers=c.num_layers)
+        seq_bytes_gpu = layer_blocks * kv.codec.block_bytes(replace(geom_gpu, num_layers=1),
+                                                            capacity.COMPUTE_DTYPE)
+        blocks_per_seq = math.ceil(layer_blocks / c.num_layers)
+        max_seqs = num_blocks * c.num_layers // layer_blocks
 
     def step_s(num_seqs: int) -> float:
-        kv_read = num_seqs * blocks_per_seq * block_bytes_gpu
+        kv_read = num_seqs * seq_bytes_gpu
         return capacity.decode_step_s(weight_bytes_gpu, kv_read, gpu.memory_bandwidth_bytes_per_s)
 
     resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window,
@@ -97,17 +112,19 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
         context_tokens=context_tokens, concurrency=concurrency,
         kv_bytes_per_token=bytes_per_token, num_kv_heads_per_gpu=heads_per_gpu,
         kv_bytes_per_block_per_gpu=block_bytes_gpu, resident_tokens_per_seq=resident,
-        blocks_per_seq=blocks_per_seq, kv_bytes_per_seq=blocks_per_seq * block_bytes_gpu * num_gpus,
+        blocks_per_seq=blocks_per_seq, kv_bytes_per_seq=seq_bytes_gpu * num_gpus,
         weight_bytes=all_weight_bytes, weight_bytes_per_gpu=weight_bytes_gpu,
         memory_bytes_per_gpu=gpu.memory_bytes, usable_kv_bytes_per_gpu=usable,
         num_blocks_per_gpu=num_blocks, max_concurrent_seqs=max_seqs,
         max_context_tokens=capacity.max_context_tokens(num_blocks, concurrency, block_size,
                                                        kv.policy, window,
-                                                       num_layers=c.num_layers),
+                                                       num_layers=c.num_layers,
+                                                       per_layer_tables=per_layer),
         model_max_context_tokens=c.max_position_embeddings,
         decode_step_s=step_s(concurrency),
         decode_step_s_at_max_seqs=step_s(max_seqs) if max_seqs else math.nan,
         notes=_notes(model, kv, num_gpus, context_tokens, resident, usable),
+        layer_tables="per-layer" if per_layer else "shared", layer_blocks_per_seq=layer_blocks,
     )
 
 

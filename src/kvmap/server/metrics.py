@@ -9,10 +9,12 @@ Who writes what: the engine thread observes per-token and per-request histograms
 publishes outputs, and calls ``update_engine_state`` after each step with the cumulative
 counters of every engine it runs; engines are replaced by the adaptive controller, so
 counters advance by each engine's own delta and never go down. Process RSS and CPU are
-read from psutil when scraped.
+read from psutil when scraped. The page is built in a worker thread
+(``render_off_loop``), off the event loop that streams tokens.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 
 import psutil
@@ -335,3 +337,10 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def render_off_loop(self) -> bytes:
+        """``render`` in a worker thread: building the page (every family, the psutil
+        and tier-percentile collectors) takes milliseconds that on the event loop would
+        delay the token streams it also serves. The metrics are already written from
+        the engine thread, under prometheus_client's own locks."""
+        return await asyncio.to_thread(self.render)

@@ -23,69 +23,32 @@ at a time, with the clock advanced by the cost model instead of a real forward p
 4. Computed tokens advance; a request whose last known token was computed samples one
    (its token time is the step's end); finished requests free or cache their blocks.
 
-Blocks are keyed (prefix caching) unless a selection policy, a sliding window or an
-offload window makes a request's blocks its own. Keys are ``(owner, block index)``
-where the owner is the conversation (turns share their history) or the request.
+Blocks are keyed (prefix caching) unless a sliding window, an offload window or
+per-layer block tables (``layer_budgets``, as the engine decides) make a request's blocks
+its own. Keys are ``(owner, block index)`` where the owner is the conversation (turns
+share their history) or the request. A selection policy keeps prefix caching, as in the
+engine: compaction is copy on write, and a finished compacted sequence is filed for the
+next turn (:mod:`kvmap.plan.sim.compaction`).
 """
 from __future__ import annotations
 
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from kvmap.plan import capacity
 from kvmap.plan.sim.arrivals import Arrivals
 from kvmap.plan.sim.blocks import BlockStore
+from kvmap.plan.sim.compaction import (CompactedState, compact, compaction_due, file_state,
+                                       take_state)
 from kvmap.plan.sim.config import SimConfig
 from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
 from kvmap.plan.sim.results import SimResult, StepLog, build_result
+from kvmap.plan.sim.state import SimState
 from kvmap.plan.sim.workload import SimRequest
 
-
-@dataclass(eq=False)
-class SimState:
-    """One request in flight (mutable; compared by identity)."""
-
-    req: SimRequest
-    arrival_s: float
-    num_computed: int = 0              # tokens whose KV is computed (prompt, then output)
-    num_output: int = 0                # output tokens sampled
-    keys: list = field(default_factory=list)     # keyed HBM blocks held, block order
-    num_private: int = 0               # private HBM blocks held
-    num_offloaded: int = 0             # blocks pinned in the first tier
-    ready_s: float = 0.0               # when its promoted prefix blocks land
-    ready_link: str | None = None
-    first_scheduled_s: float | None = None
-    finished_s: float | None = None
-    token_times_s: list = field(default_factory=list)
-    num_cached_prompt_tokens: int = 0
-    num_preemptions: int = 0
-    peak_hbm_blocks: int = 0
-    peak_total_blocks: int = 0
-    final_hbm_blocks: int = 0          # held when the last token was computed
-    prefetched: bool = False           # its prefix was staged ahead
-
-    @property
-    def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.num_output
-
-    @property
-    def owner(self) -> str:
-        return self.req.conversation_id or self.req.request_id
-
-    @property
-    def num_hbm_blocks(self) -> int:
-        return len(self.keys) + self.num_private
-
-    def record(self) -> dict:
-        """The request as a ``kvmap.metrics`` record."""
-        return {"request_id": self.req.request_id, "arrival_s": self.arrival_s,
-                "first_scheduled_s": self.first_scheduled_s,
-                "token_times_s": self.token_times_s, "finished_s": self.finished_s,
-                "num_prompt_tokens": self.req.prompt_tokens,
-                "num_cached_prompt_tokens": self.num_cached_prompt_tokens,
-                "num_preemptions": self.num_preemptions}
+__all__ = ["SimState", "Simulator"]
 
 
 class Simulator:
@@ -103,8 +66,18 @@ class Simulator:
         self.num_layers = config.model.config.num_layers
         self.contiguous = e.reservation == "contiguous"
         self.reserve_tokens = e.reservation_tokens or config.model.config.max_position_embeddings
-        self.keyed = (e.enable_prefix_caching and self.policy is None and not self.window
-                      and e.hbm_window_tokens is None and not self.contiguous)
+        # layer_budgets: each layer frees its hole; shares no prefix blocks
+        self.per_layer = capacity.per_layer_tables(config.kv, config.model.config,
+                                                   e.block_size, bool(config.tiers))
+        self.keyed = (e.enable_prefix_caching and not self.window
+                      and e.hbm_window_tokens is None and not self.contiguous
+                      and not self.per_layer)
+        # the engine's prefix lookup leaves a policy's observation window to compute
+        self.min_last_chunk = self.policy.observation_window if self.policy is not None \
+            and self.policy.needs_window_attention else 1
+        # hard eviction: a finished compacted sequence is filed for the next turn
+        self.states: dict[str, CompactedState] | None = {} if self.keyed and \
+            self.policy is not None and self.policy.evict_to is None else None
         self.window_blocks = (None if e.hbm_window_tokens is None
                               else math.ceil(e.hbm_window_tokens / e.block_size) + 1)
         self.store = BlockStore(self.num_hbm_blocks, self.mc.kv_block_bytes,
@@ -141,7 +114,15 @@ class Simulator:
             return math.ceil(max(num_tokens, self.reserve_tokens) / self.block_size)
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
+        if st.compacted and not compressed:      # continues a compacted state
+            return math.ceil(self._base_slots(st, num_tokens) / self.block_size)
         policy = self.policy if compressed else None
+        if self.per_layer and compressed:    # layer blocks in groups, + one for growth
+            layer_blocks = capacity.resident_layer_blocks(
+                num_tokens, self.block_size, policy, num_layers=self.num_layers,
+                num_prompt_tokens=st.req.prompt_tokens)
+            return min(math.ceil(layer_blocks / self.num_layers) + 1,
+                       math.ceil(num_tokens / self.block_size))
         return capacity.resident_blocks(num_tokens, self.block_size, policy, self.window,
                                         num_layers=self.num_layers,
                                         num_prompt_tokens=st.req.prompt_tokens)
@@ -149,10 +130,17 @@ class Simulator:
     def _resident_tokens(self, st: SimState, num_computed: int) -> int:
         if num_computed <= 0:
             return 0
-        policy = self.policy if num_computed >= st.req.prompt_tokens else None
+        compressed = num_computed >= st.req.prompt_tokens
+        if st.compacted and not compressed:
+            return self._base_slots(st, num_computed)
+        policy = self.policy if compressed else None
         return capacity.resident_tokens_per_seq(num_computed, policy, self.window,
                                                 num_layers=self.num_layers,
                                                 num_prompt_tokens=st.req.prompt_tokens)
+
+    @staticmethod
+    def _base_slots(st: SimState, num_tokens: int) -> int:
+        return st.base_slots + max(0, num_tokens - st.base_tokens)
 
     def _split(self, total_blocks: int) -> tuple[int, int]:
         """(HBM blocks, offloaded blocks) of a request holding ``total_blocks``."""
@@ -196,10 +184,14 @@ class Simulator:
     # ---- scheduling ------------------------------------------------------------------
     def _prefix_keys(self, st: SimState) -> list:
         # never the last known token: it must be computed to sample the next one
-        num_full = (st.num_tokens - 1) // self.block_size
+        num_full = max(0, st.num_tokens - self.min_last_chunk) // self.block_size
         return [(st.owner, j) for j in range(num_full)]
 
     def _take_prefix(self, st: SimState) -> None:
+        state = self.states.get(st.owner) if self.states is not None else None
+        if state is not None and state.num_tokens < st.num_tokens and \
+                take_state(self.store, st, state, self.now_s):
+            return
         found = self.store.lookup(self._prefix_keys(st))
         if not found:
             return
@@ -224,7 +216,7 @@ class Simulator:
         hbm, offloaded = self._split(total)
         need = hbm - st.num_hbm_blocks
         if need > 0:
-            if self.keyed:
+            if self.keyed and not st.compacted:
                 start = len(st.keys)
                 for j in range(start, start + need):
                     if not self.store.claim((st.owner, j), self.now_s):
@@ -243,11 +235,15 @@ class Simulator:
         return True
 
     def _trim(self, st: SimState) -> None:
-        """After a step: give back blocks a policy or window freed."""
-        if self.keyed:
+        """After a step: give back blocks a policy or window freed; the first compaction
+        of a keyed sequence is copy on write (:func:`compact`)."""
+        compressed = st.num_computed >= st.req.prompt_tokens
+        if self.keyed and (self.policy is None or not compressed):
             return
-        hbm, offloaded = self._split(self._total_blocks(
-            st, st.num_computed, st.num_computed >= st.req.prompt_tokens))
+        hbm, offloaded = self._split(self._total_blocks(st, st.num_computed, compressed))
+        if st.keys and (not self._compaction_due(st) or not compact(
+                self.store, st, min(hbm, st.num_hbm_blocks), self.block_size, self.now_s)):
+            return          # not over its budget yet, or no room for the copy: next step
         if st.num_private > hbm:
             self.store.release(st.num_private - hbm)
             st.num_private = hbm
@@ -255,10 +251,17 @@ class Simulator:
             self.store.unpin(st.num_offloaded - offloaded)
             st.num_offloaded = offloaded
 
+    def _compaction_due(self, st: SimState) -> bool:
+        n = st.num_computed
+        return compaction_due(self._base_slots(st, n) if st.compacted else n,
+                              self._resident_tokens(st, n), n > st.req.prompt_tokens,
+                              self.policy.decode_every_steps(self.block_size))
+
     def _preempt(self, st: SimState) -> None:
         self.running.remove(st)
         self._release_blocks(st, cache=True)
         st.num_computed = 0
+        st.compacted = False
         st.num_preemptions += 1
         self.waiting.appendleft(st)
 
@@ -289,9 +292,11 @@ class Simulator:
                 self._take_prefix(st)
             num_new = min(st.num_tokens - st.num_computed, budget)
             if not self._grow(st, num_new):
-                if st.num_computed and st.num_computed == len(st.keys) * self.block_size:
+                if st.num_computed and (st.compacted or
+                                        st.num_computed == len(st.keys) * self.block_size):
                     self._release_blocks(st, cache=True)     # let go of the cached prefix
                     st.num_computed = st.num_cached_prompt_tokens = 0
+                    st.compacted = False
                 break
             self.waiting.popleft()
             self.running.append(st)
@@ -354,6 +359,9 @@ class Simulator:
     def _finish(self, st: SimState) -> None:
         st.final_hbm_blocks = st.num_hbm_blocks
         self.running.remove(st)
+        if self.states is not None and st.compacted:
+            self.states[st.owner] = file_state(self.store, st, self._resident_tokens(
+                st, st.num_computed), self.block_size)
         self._release_blocks(st, cache=self.keyed)
         st.finished_s = self.now_s
         self.done.append(st)

@@ -22,5 +22,5 @@ async def health(ctx: ServerContext = Depends(server_context)):
 
 @router.get("/metrics")
 async def prometheus_metrics(ctx: ServerContext = Depends(server_context)):
-    return Response(ctx.loop.metrics.render(),
+    return Response(await ctx.loop.metrics.render_off_loop(),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
