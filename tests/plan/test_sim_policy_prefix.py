@@ -64,11 +64,8 @@ def sim_hits(spec: str) -> list[int]:
     ("snapkv(budget=64,window=4,kernel=3)", [32, 48]),  # under budget: never compacted
     ("snapkv(budget=40,window=4,kernel=3)", [32, 51]),  # compacted from turn 2 on
     # turn 2 continues turn 1's state and stays within its budget (41 of 46): it is
-    # filed again as it finishes. The engine's Scheduler._file_compacted cannot rename
-    # blocks that already carry the earlier state's keys (BlockPool.register_hash keeps
-    # a block's first hash), so turn 3 finds neither state and recomputes everything.
-    pytest.param("snapkv(budget=0.9,window=4,kernel=3)", [35, 51], marks=pytest.mark.xfail(
-        strict=True, reason="engine: a state continued without recompaction is not refiled")),
+    # filed again as it finishes, its blocks taken from turn 1's state keeping their keys
+    ("snapkv(budget=0.9,window=4,kernel=3)", [35, 51]),
 ])
 def test_a_policy_keeps_prefix_hits_as_in_the_engine(spec, want):
     assert sim_hits(spec) == want

@@ -215,13 +215,20 @@ class Scheduler:
 
     # ---- compacted states (kvmap.kv.compacted) --------------------------------------------
     def _file_compacted(self, req: Request) -> None:
-        """A compacted sequence leaves: name its blocks by the state they hold."""
+        """A compacted sequence leaves: name its blocks by the state they hold. A block
+        that already carries a key (taken from an earlier turn's state, or a prefix block
+        compaction left alone) holds that key's content unchanged -- a rewrite forgets the
+        key -- and keeps it: the pool gives a block one key, so a new one would be lost
+        and the state unreachable."""
         if self.compacted is None or not req.evicted or not req.block_ids:
             return
         num_blocks = -(-req.num_kv_slots // self.block_size)
+        tokens = req.token_ids[:req.num_computed_tokens]
+        fresh = self.compacted.keys_for(tokens, num_blocks)
+        keys = [self.pool.block_hash[b] or k for b, k in zip(req.block_ids, fresh)]
         state = CompactedState(req.num_computed_tokens, req.num_kv_slots, num_blocks,
-                               tuple(sorted((req.kv_holes or {}).items())))
-        keys = self.compacted.register(req.token_ids[:req.num_computed_tokens], state)
+                               tuple(sorted((req.kv_holes or {}).items())), tuple(keys))
+        self.compacted.register(tokens, state)
         for block_id, key in zip(req.block_ids, keys):
             self.pool.register_hash(block_id, key)
 

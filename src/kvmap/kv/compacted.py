@@ -36,6 +36,7 @@ class CompactedState:
     num_kv_slots: int
     num_blocks: int
     kv_holes: tuple = ()          # ((layer, (first, end)), ...)
+    block_keys: tuple = ()        # the blocks' pool keys; () means ``block_keys(digest)``
 
 
 def state_digest(salt: bytes, token_ids: list[int]) -> bytes:
@@ -64,15 +65,21 @@ class CompactedStates:
     def __len__(self) -> int:
         return len(self._states)
 
+    def keys_for(self, token_ids: list[int], num_blocks: int) -> list[bytes]:
+        """The keys a state filed for exactly ``token_ids`` gives its blocks."""
+        return block_keys(state_digest(self.salt, token_ids), num_blocks)
+
     def register(self, token_ids: list[int], state: CompactedState) -> list[bytes]:
-        """File ``state`` for exactly ``token_ids``; returns its block keys."""
+        """File ``state`` for exactly ``token_ids``; returns its block keys (its own
+        ``block_keys`` when it names them: blocks it shares with an earlier state, or
+        with a prefix, keep the key they already carry in the pool)."""
         digest = state_digest(self.salt, token_ids)
         self._states[(len(token_ids), digest)] = state
         self._states.move_to_end((len(token_ids), digest))
         while len(self._states) > self.max_states:
             self._states.popitem(last=False)
         self.num_registered += 1
-        return block_keys(digest, state.num_blocks)
+        return list(state.block_keys) or block_keys(digest, state.num_blocks)
 
     def longest(self, token_ids: list[int], max_tokens: int):
         """The entry of the longest prefix of ``token_ids`` of at most ``max_tokens``
@@ -82,7 +89,7 @@ class CompactedStates:
             state = self._states.get((num, digest))
             if state is not None:
                 self._states.move_to_end((num, digest))
-                return state, block_keys(digest, state.num_blocks)
+                return state, list(state.block_keys) or block_keys(digest, state.num_blocks)
         return None
 
     def as_dict(self) -> dict:
