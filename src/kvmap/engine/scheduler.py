@@ -71,6 +71,9 @@ class Scheduler:
         # a hard-evicting policy's finished sequences, reusable by a later turn
         # (``kvmap.kv.compacted``); None: not kept
         self.compacted = compacted if prefix_salt is not None else None
+        # (req, num_new) -> slots req must hold to run num_new tokens, when more than
+        # num_kv_slots + num_new (``PolicyRunner.reserve_slots``); None: never more
+        self.reserve_slots = None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -92,8 +95,10 @@ class Scheduler:
         self._free_blocks(req)
 
     def _free_blocks(self, req: Request) -> None:
-        if self.pager is not None:
-            self.pager.drop(req)
+        # the store's pager, not only self.pager: a policy with prefill=offload pages
+        # its prompt out itself (kvmap.kv.offload_prefill)
+        if self.store is not None and self.store.pager is not None:
+            self.store.pager.drop(req)
         if req.block_ids:
             self.pool.free(req.block_ids)
         req.block_ids = []
@@ -275,7 +280,10 @@ class Scheduler:
 
     # ---- memory --------------------------------------------------------------------
     def _allocate_slots(self, req: Request, num_new: int) -> bool:
-        need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        slots = req.num_kv_slots + num_new
+        if self.reserve_slots is not None:   # blocks a step's after-work needs too
+            slots = max(slots, self.reserve_slots(req, num_new))
+        need = -(-slots // self.block_size) - len(req.block_ids)
         if need <= 0:
             return True
         if need > self.pool.num_free:
