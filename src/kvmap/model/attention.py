@@ -205,9 +205,12 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
 
 def softmax_lse(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the last axis in fp32 and its log-sum-exp, from one fused softmax:
-    the largest probability is 1/z (z = sum of exp(s - max)), so lse = max - log(p_max)."""
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    lse = scores.amax(-1).float() - torch.log(probs.amax(-1))
+    the largest probability is 1/z (z = sum of exp(s - max)), so lse = max - log(p_max).
+    The scores are cast first: on the CPU ``softmax(bf16, dtype=float32)`` runs several
+    times slower than the cast plus an fp32 softmax (docs/combinations.md, point 2)."""
+    scores = scores.float()
+    probs = torch.softmax(scores, dim=-1)
+    lse = scores.amax(-1) - torch.log(probs.amax(-1))
     return probs, lse
 
 
