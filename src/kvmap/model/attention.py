@@ -141,7 +141,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
             stats = meta.scores.setdefault(layer_idx, LayerScores())
             if meta.accumulate:
                 acc = stats.accumulated[i] = torch.zeros(num_kv_heads, L, device=q.device)
-            front = ctx.layer_kv(layer_idx)[0] if ctx is not None else None
+            # paged-out keys join the window of the chunk that completes the prompt (the
+            # one a final-only policy reads: kvmap.kv.offload_prefill)
+            front = (ctx.layer_kv(layer_idx)[0] if ctx is not None and seg.completes_prompt
+                     else None)
             stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole, front)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
                if ctx is not None else None)
