@@ -22,6 +22,7 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.layer_pool import wants_per_layer_tables
+from kvmap.kv.offload_prefill import check_fits, offloads
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.pager import PageLost
@@ -100,6 +101,8 @@ class Engine:
         self.policy = self.kv_config.policy
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
             if self.policy is not None else None
+        if self.policy_runner is not None and self.policy_runner.offload is not None:
+            self.scheduler.reserve_slots = self.policy_runner.reserve_slots
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0      # tokens computed in prefill chunks, all steps
         self.load = LoadCounters()
@@ -157,6 +160,11 @@ class Engine:
         need_blocks = -(-len(prompt_token_ids) // self.kv.block_size)
         pool_blocks = self.kv.pool.num_blocks
         pager = self.scheduler.pager
+        if offloads(self.policy):          # pages its own prompt: only its peak must fit
+            check_fits(self.policy, len(prompt_token_ids), params.max_tokens,
+                       self.config.scheduler.max_num_batched_tokens, self.kv.block_size,
+                       self.store.pager.page_blocks, pool_blocks)
+            need_blocks = min(need_blocks, pool_blocks)
         if need_blocks > pool_blocks and pager is None and self.store is not None:
             raise ValueError(
                 f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "

@@ -39,6 +39,7 @@ import torch
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compaction import (compact_layer, destination_blocks, read_sequence,
                                  release_blocks)
+from kvmap.kv.offload_prefill import OffloadPrefill, offloads
 from kvmap.kv.policies.base import Policy, ScoreInputs
 from kvmap.model.attention import AttentionMetadata
 from kvmap.request import Request
@@ -55,6 +56,8 @@ class PolicyRunner:
         self.num_deferred = 0           # compressions put off: no block for copy on write
         # soft eviction (``evict_to``): the tier level that keeps what compaction drops
         self.evict_to = getattr(policy, "evict_to", None)
+        # prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload_prefill``)
+        self.offload = OffloadPrefill(kv.tiers.pager, kv) if offloads(policy) else None
 
     def layer_budgets(self, req: Request) -> list[int]:
         budgets = req.policy_layer_budgets
@@ -66,6 +69,16 @@ class PolicyRunner:
     def budget(self, req: Request) -> int:
         """Slots the sequence is compressed to: the largest layer budget."""
         return max(self.layer_budgets(req))
+
+    def reserve_slots(self, req: Request, num_new: int) -> int:
+        """``prefill=offload``: the chunk that completes a prompt also takes the blocks
+        its kept tokens go to (the scheduler preempts for them as for any block), so
+        the compression after it never waits for a block while the window's scores are
+        at hand. 0 for every other step."""
+        if num_new == 1 or req.num_computed_tokens + num_new != req.num_tokens:
+            return 0
+        budget = self.budget(req)
+        return budget if self.offload.num_slots(req) + num_new > budget else 0
 
     def after_step(self, items: list[tuple[Request, int]], meta: AttentionMetadata) -> None:
         """``items`` as run (decodes first), with their counters already advanced."""
@@ -79,13 +92,17 @@ class PolicyRunner:
                 prefill_idx += 1
             self._accumulate(req, meta, is_decode, where)
             budget = self.budget(req)
-            over = req.num_kv_slots - budget
+            paged = self.offload is not None and self.offload.num_offloaded(req) > 0
+            over = (self.offload.num_slots(req) if paged else req.num_kv_slots) - budget
             if is_decode:
                 every = self.policy.decode_every_steps(self.kv.block_size)
-                due = every > 0 and over >= every
+                # still paged after its prompt (compression deferred): decodes exactly
+                due = every > 0 and over >= every and not paged
             else:
                 prompt_done = req.num_computed_tokens == req.num_tokens
                 due = over > 0 and (prompt_done or self.policy.chunked)
+                if self.offload is not None and not prompt_done:
+                    self.offload.after_chunk(req)
             if due:
                 self._compress(req, budget, meta, is_decode, where)
 
@@ -116,9 +133,14 @@ class PolicyRunner:
         for block_id, block_hash in zip(req.block_ids, req.block_hashes[:req.num_hashed_blocks]):
             self.kv.tiers.keep_evicted(block_id, block_hash, self.evict_to)
 
+    def _read_layer(self, req: Request, layer: int, num_slots: int):
+        if self.offload is not None:
+            return self.offload.read_layer(req, layer)
+        return read_sequence(self.kv, layer, req.block_ids, num_slots)
+
     def _compress(self, req: Request, budget: int, meta: AttentionMetadata,
                   is_decode: bool, where: int) -> None:
-        L = req.num_kv_slots
+        L = self.offload.num_slots(req) if self.offload is not None else req.num_kv_slots
         dst = destination_blocks(self.kv, req.block_ids, budget)
         if dst is None:         # no block to copy shared ones into: retry next step
             self.num_deferred += 1
@@ -130,7 +152,7 @@ class PolicyRunner:
         holes = (req.kv_holes if req.evicted else None) or {}
         new_holes = {}
         for layer, layer_budget in enumerate(self.layer_budgets(req)):
-            k, v = read_sequence(self.kv, layer, req.block_ids, L)
+            k, v = self._read_layer(req, layer, L)
             window = None
             if self.policy.needs_window_attention:
                 stats = meta.scores[layer]
@@ -156,6 +178,8 @@ class PolicyRunner:
                 new_holes[layer] = (kept.shape[1], budget)
         req.kv_holes = new_holes or None
         req.block_ids = release_blocks(self.kv, req.block_ids, dst)
+        if self.offload is not None:
+            self.offload.release(req)          # the kept tokens are back in the pool
         self.kv.release_holes(req.block_ids, req.kv_holes)     # per-layer tables only
         req.num_kv_slots = budget
         req.evicted = True

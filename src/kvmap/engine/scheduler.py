@@ -19,8 +19,10 @@ tokens (the next turn) continues from it instead of looking up prefix blocks.
 
 With tiers, a running sequence that is alone and still short of blocks is paged instead
 (``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
-a context larger than the pool keeps decoding. While a paged sequence runs, no waiting
-request is admitted (it would only be preempted again by the paged one's growth).
+a context larger than the pool keeps decoding. Several sequences may be paged at once:
+one that is short of blocks pages its own front out when it is already paged or its
+context is larger than the whole pool (it could never fit, so preempting others would
+not help); any other is served by preemption as before.
 """
 from __future__ import annotations
 
@@ -71,6 +73,9 @@ class Scheduler:
         # a hard-evicting policy's finished sequences, reusable by a later turn
         # (``kvmap.kv.compacted``); None: not kept
         self.compacted = compacted if prefix_salt is not None else None
+        # (req, num_new) -> slots req must hold to run num_new tokens, when more than
+        # num_kv_slots + num_new (``PolicyRunner.reserve_slots``); None: never more
+        self.reserve_slots = None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -92,8 +97,10 @@ class Scheduler:
         self._free_blocks(req)
 
     def _free_blocks(self, req: Request) -> None:
-        if self.pager is not None:
-            self.pager.drop(req)
+        # the store's pager, not only self.pager: a policy with prefill=offload pages
+        # its prompt out itself (kvmap.kv.offload_prefill)
+        if self.store is not None and self.store.pager is not None:
+            self.store.pager.drop(req)
         if req.block_ids:
             self.pool.free(req.block_ids)
         req.block_ids = []
@@ -161,15 +168,14 @@ class Scheduler:
         return num_new
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        if self.pager is not None and any(self.pager.is_paged(r) for r in self.running):
-            return
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0 and not req.block_ids:
                 self._take_cached_prefix(req)
             num_new = self._num_new_tokens(req, budget)
             if num_new == 0 or not (self._allocate_slots(req, num_new) or (
-                    self._page_out(req, num_new) and self._allocate_slots(req, num_new))):
+                    self._page_out(req, num_new) and self._allocate_slots(req, num_new)) or (
+                    self._page_out_paged(req, num_new) and self._allocate_slots(req, num_new))):
                 batch.pool_full = num_new > 0
                 self._release_cached_prefix(req)
                 break
@@ -283,7 +289,10 @@ class Scheduler:
 
     # ---- memory --------------------------------------------------------------------
     def _allocate_slots(self, req: Request, num_new: int) -> bool:
-        need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        slots = req.num_kv_slots + num_new
+        if self.reserve_slots is not None:   # blocks a step's after-work needs too
+            slots = max(slots, self.reserve_slots(req, num_new))
+        need = -(-slots // self.block_size) - len(req.block_ids)
         if need <= 0:
             return True
         if need > self.pool.num_free:
@@ -292,13 +301,32 @@ class Scheduler:
         return True
 
     def _page_out(self, req: Request, num_new: int) -> bool:
-        """``req`` is alone (no other request runs) and still short of blocks for
-        ``num_new`` tokens: page its own front out to the tiers. True if any went."""
-        if self.pager is None or any(r is not req for r in self.running):
+        """``req`` is short of blocks for ``num_new`` tokens: page its own front out to
+        the tiers if it is alone, already paged, or longer than the whole pool (module
+        docstring). True if any went."""
+        if self.pager is None:
+            return False
+        context_blocks = -(-req.num_tokens // self.block_size)     # all of it, to come too
+        if any(r is not req for r in self.running) and not self.pager.is_paged(req) \
+                and context_blocks <= self.pool.num_blocks:
             return False
         need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
         self.store.finish_loads()          # paging out reads the blocks just fetched
         return self.pager.page_out(req, need)
+
+    def _page_out_paged(self, req: Request, num_new: int) -> bool:
+        """Room for a waiting ``req`` of ``num_new`` tokens: page out the fronts of the
+        running sequences that are already paged (they read them back anyway)."""
+        if self.pager is None:
+            return False
+        need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        moved = False
+        for r in self.running:
+            if self.pool.num_free >= need:
+                break
+            if self.pager.is_paged(r):
+                moved = self.pager.page_out(r, need) or moved
+        return moved
 
     def preempt(self, req: Request) -> None:
         """Recompute ``req`` from scratch (e.g. one of its paged-out pages was lost)."""

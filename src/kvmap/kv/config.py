@@ -13,6 +13,7 @@ from typing import Any
 from kvmap.kv import grammar
 from kvmap.kv.redact import redact_spec
 from kvmap.kv.codecs import CODECS, Codec
+from kvmap.kv.offload_prefill import check_spec as _check_prefill_offload
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
 from kvmap.kv.tiers.backend import backends_top_down
@@ -75,6 +76,7 @@ class KVConfig:
         if policy is not None and getattr(policy, "name", None) == "full":
             policy = None
         _check_evict_to(text, policy, found.get("tiers"))
+        _check_prefill_offload(text, policy, found.get("tiers"))
         return cls(spec=text.strip(), codec=codec, policy=policy, tiers=found.get("tiers"))
 
     def __str__(self) -> str:

@@ -141,12 +141,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         acc = None
         hole = meta.holes[layer_idx].prefill.get(i) if layer_idx in meta.holes else None
+        ctx = meta.offloaded_prefill.get(i)
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, LayerScores())
             if meta.accumulate:
                 acc = stats.accumulated[i] = torch.zeros(num_kv_heads, L, device=q.device)
-            stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole)
-        ctx = meta.offloaded_prefill.get(i)
+            # paged-out keys join the window of the chunk that completes the prompt (the
+            # one a final-only policy reads: kvmap.kv.offload_prefill)
+            front = (ctx.layer_kv(layer_idx)[0] if ctx is not None and seg.completes_prompt
+                     else None)
+            stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole, front)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
                if ctx is not None else None)
         o = _causal_chunk(qs, kc, vc, L - C, acc, lse, hole)              # (H, G, C, D)
@@ -209,9 +213,12 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
 
 def softmax_lse(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the last axis in fp32 and its log-sum-exp, from one fused softmax:
-    the largest probability is 1/z (z = sum of exp(s - max)), so lse = max - log(p_max)."""
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    lse = scores.amax(-1).float() - torch.log(probs.amax(-1))
+    the largest probability is 1/z (z = sum of exp(s - max)), so lse = max - log(p_max).
+    The scores are cast first: on the CPU ``softmax(bf16, dtype=float32)`` runs several
+    times slower than the cast plus an fp32 softmax (docs/combinations.md, point 2)."""
+    scores = scores.float()
+    probs = torch.softmax(scores, dim=-1)
+    lse = scores.amax(-1) - torch.log(probs.amax(-1))
     return probs, lse
 
 
@@ -256,17 +263,25 @@ def offloaded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int,
-                      hole: tuple[int, int] | None = None) -> torch.Tensor:
+                      hole: tuple[int, int] | None = None,
+                      front: torch.Tensor | None = None) -> torch.Tensor:
     """Attention (H, W, L) fp32 of the chunk's last W queries over all L keys, summed over
-    query heads. qs (H, G, C, D) pre-scaled, kc (H, D, L); the chunk ends at key L-1."""
+    query heads. qs (H, G, C, D) pre-scaled, kc (H, D, L); the chunk ends at key L-1.
+    ``front`` (H, Lo, D): paged-out keys that precede all L (a sequence prefilled through
+    the tiers): they join the softmax unmasked, and the result is (H, W, Lo + L) in
+    time order -- the scores one resident sequence of Lo + L keys would give."""
     H, G, C, D = qs.shape
     w = min(window, C)
     L = kc.shape[-1]
-    scores = torch.matmul(qs[:, :, C - w:].float(), kc[:, None].float())   # (H, G, w, L)
+    qw = qs[:, :, C - w:].float()
+    scores = torch.matmul(qw, kc[:, None].float())                         # (H, G, w, L)
     q_pos = torch.arange(L - w, L, device=qs.device)
     scores.masked_fill_(torch.arange(L, device=qs.device)[None, :] > q_pos[:, None], NEG_INF)
     if hole is not None:
         scores[..., hole[0]:hole[1]] = NEG_INF
+    if front is not None:
+        front_scores = torch.matmul(qw, front.transpose(1, 2)[:, None].float())  # (H,G,w,Lo)
+        scores = torch.cat([front_scores, scores], dim=-1)
     return torch.softmax(scores, dim=-1).sum(1)
 
 

@@ -261,3 +261,22 @@ def test_tiers_too_small_for_the_pages_abort_not_wrong_tokens():
     assert paging(llm)["num_page_faults"] == 3
     llm.engine.check_integrity()
     llm.engine.close()
+
+
+def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
+    """Two prompts, each larger than the pool, run together: both are paged at once
+    (no longer refused) and each gives the tokens it gives alone, with no page left."""
+    prompts = [PROMPT, random_prompts([80], seed=4)[0]]
+    alone = [paged_llm().generate([p], GREEDY)[0].token_ids for p in prompts]
+    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,prefetch=window,page_blocks=2)",
+                        num_blocks=16, block_size=BS, max_num_batched_tokens=CHUNK)
+    engine, pager = llm.engine, llm.engine.store.pager
+    reqs = [engine.add_request(p, GREEDY) for p in prompts]
+    most_paged = 0
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        most_paged = max(most_paged, sum(pager.is_paged(r) for r in reqs if not r.status.finished))
+    assert most_paged == 2
+    assert [r.output_token_ids for r in reqs] == alone
+    assert pager.seqs == {} and paging(llm)["num_page_faults"] == 0

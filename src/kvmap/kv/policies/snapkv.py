@@ -31,7 +31,11 @@ Parameters: ``budget`` -- tokens kept per layer, a count or a fraction of the pr
 ``layer_tables`` -- ``per-layer`` (a smaller layer's blocks go back to the pool; the
 default where the codec allows) or ``shared`` (one table, masked; ``kvmap.kv.layer_pool``);
 ``decode_every`` -- decode steps between compressions during generation (default one
-block; 0 = compress the prompt only; ``kvmap.kv.policies.base``).
+block; 0 = compress the prompt only; ``kvmap.kv.policies.base``); ``prefill`` --
+``resident`` (the default: the whole prompt stays in the pool until the window scores
+it) or ``offload`` (prefill through the tiers: each chunk's pages go down as they are
+written and only the selected tokens come back; needs ``tiers(...)``;
+``kvmap.kv.offload_prefill``).
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ from kvmap.kv.policies.base import POLICIES, Policy, ScoreInputs
 class SnapKV(Policy):
     name = "snapkv"
     defaults = {"budget": 0.25, "window": 32, "kernel": 11, "pooling": "avg", "chunked": False,
-                "layer_budgets": None, "layer_tables": None, "decode_every": None}
+                "layer_budgets": None, "layer_tables": None, "decode_every": None,
+                "prefill": "resident"}
     needs_window_attention = True
 
     def validate(self) -> None:
@@ -56,6 +61,23 @@ class SnapKV(Policy):
                 raise ValueError(f"snapkv({key}={v!r}) must be an integer >= 1")
         if self.options["pooling"] not in ("avg", "max"):
             raise ValueError(f"snapkv(pooling={self.options['pooling']!r}) must be avg or max")
+        prefill = self.options["prefill"]
+        if prefill not in ("resident", "offload"):
+            raise ValueError(f"snapkv(prefill={prefill!r}) must be resident or offload")
+        if prefill == "offload" and self.options["chunked"]:
+            raise ValueError("snapkv(prefill=offload): chunked=true compresses each chunk "
+                             "while it is resident, so nothing is left to prefill through "
+                             "the tiers; give chunked=false")
+        if prefill == "offload" and self.options.get("evict_to") is not None:
+            raise ValueError(f"snapkv(prefill=offload,evict_to={self.options['evict_to']}): "
+                             f"soft eviction keeps the prompt's resident blocks by prefix "
+                             f"hash, and prefill through the tiers leaves none resident; "
+                             f"give one of the two")
+
+    @property
+    def prefill_offload(self) -> bool:
+        """Prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload_prefill``)."""
+        return self.options["prefill"] == "offload"
 
     @property
     def observation_window(self) -> int:

@@ -120,14 +120,20 @@ class OffloadedContext:
         self.pager = pager
         self.seq = seq
         self.page_tokens = pager.frames.page_tokens
+        self._last: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.seq.num_pages * self.page_tokens
 
     def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of every paged-out token of ``layer``, each (H, num_tokens, D)."""
-        return self.pager.layer_kv(self.seq, layer)
+        """K, V of every paged-out token of ``layer``, each (H, num_tokens, D). The last
+        layer asked is kept, so that a second reader in the same layer (a policy's
+        observation window, then attention) reads the frames once."""
+        if self._last is None or self._last[0] != layer:
+            self._last = None                      # free the previous layer's first
+            self._last = (layer, self.pager.layer_kv(self.seq, layer))
+        return self._last[1]
 
     def observe(self, layer: int, mass: torch.Tensor) -> None:
         """Attention mass (num_pages,) the pages of ``layer`` received in this step."""
@@ -175,6 +181,17 @@ class Pager:
                 break
             moved = True
         return moved
+
+    def page_out_all(self, req) -> int:
+        """Page out every whole page of ``req``'s full resident blocks, whatever the
+        pool holds (prefill through the tiers, ``kvmap.kv.offload_prefill``): afterwards
+        fewer than ``page_blocks`` full blocks, and any partial one, stay. Returns the
+        pages that went (a tier that refuses a frame stops it early)."""
+        num_pages = 0
+        while req.num_kv_slots // self.kv.block_size >= self.page_blocks \
+                and self._page_out_one(req):
+            num_pages += 1
+        return num_pages
 
     def _page_out_one(self, req) -> bool:
         start_s = time.perf_counter()
