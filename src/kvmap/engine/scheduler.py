@@ -320,6 +320,7 @@ class Scheduler:
         if self.pager is None:
             return False
         need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
+        self.store.finish_loads()          # paging out reads the blocks just fetched
         moved = False
         for r in self.running:
             if self.pool.num_free >= need:
