@@ -18,6 +18,8 @@ Math in pure functions (gpt-fast ``quantize.py`` style); the layers are in ``lin
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 QUANTIZATIONS = (None, "int8", "w8a8", "int4")
@@ -88,3 +90,42 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     s = scale.repeat_interleave(group_size, 1)
     z = zero.repeat_interleave(group_size, 1)
     return (q.float() - 8) * s + z
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """A matrix in the engine's int4 format before packing: ``codes`` (out, in) int32 in
+    0..15, ``scale`` and ``zero`` (out, in / group_size) fp32, w = (q - 8) * scale + zero
+    per group of ``group_size`` input channels (:func:`dequantize_int4`)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    group_size: int = INT4_GROUP_SIZE
+
+    @staticmethod
+    def cat(parts: list["Int4Groups"]) -> "Int4Groups":
+        """Rows of ``parts`` stacked (the fused q|k|v and gate|up matrices)."""
+        sizes = {p.group_size for p in parts}
+        if len(sizes) != 1:
+            raise ValueError(f"int4 group sizes differ: {sorted(sizes)}")
+        return Int4Groups(torch.cat([p.codes for p in parts]),
+                          torch.cat([p.scale for p in parts]),
+                          torch.cat([p.zero for p in parts]), sizes.pop())
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_int4(self.codes, self.scale, self.zero, self.group_size)
+
+
+def int4_from_affine_blocks(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor
+                            ) -> Int4Groups:
+    """llama.cpp's affine 4-bit blocks, w = d * q + m with q in 0..15 (Q4_1; Q4_0 is the
+    case m = -8 d), in the engine's convention w = (q - 8) * scale + zero: the same
+    codes, scale = d, zero = m + 8 d. Exact in fp32 (d and m are fp16); the layer's
+    only rounding is of scale and zero to its compute dtype. ``d``, ``m``: (out, G);
+    ``codes``: (out, G * 32)."""
+    d32, m32 = d.float(), m.float()
+    if codes.shape[1] != d.shape[1] * INT4_GROUP_SIZE:
+        raise ValueError(f"{codes.shape[1]} codes a row for {d.shape[1]} blocks of "
+                         f"{INT4_GROUP_SIZE}")
+    return Int4Groups(codes.to(torch.int32), d32, m32 + 8 * d32)

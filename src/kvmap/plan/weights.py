@@ -88,12 +88,14 @@ def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
 
 
 def engine_weight_bytes(config, quantization: str | None = None,
-                        compute_bytes: int = BF16_BYTES) -> int:
+                        compute_bytes: int = BF16_BYTES, int4_from_gguf: bool = False) -> int:
     """Bytes of the weights kvmap's engine holds for ``LLM(quantization=...)`` with a
     compute dtype of ``compute_bytes`` a value: equal to ``LlamaModel.weight_bytes``.
     The four matrices of a layer in the format, the embedding in the compute dtype, one
     fp32 final norm, the head int8 per channel (scale in the compute dtype) when
-    quantized, else shared with a tied embedding."""
+    quantized, else shared with a tied embedding. ``int4_from_gguf``: int4 matrices
+    read from a GGUF's Q4 blocks keep each layer's two RMSNorm weights (compute dtype)
+    beside them, unfolded."""
     per_format = {None: lambda o, i: o * i * compute_bytes,
                   "int8": lambda o, i: o * i + o * compute_bytes,
                   "w8a8": lambda o, i: o * i + o * 4,
@@ -108,6 +110,7 @@ def engine_weight_bytes(config, quantization: str | None = None,
             (h, c.intermediate_size)]
     layer = sum(per_format[quantization](o, i) for o, i in mats)
     layer += qkv * compute_bytes if c.attention_bias else 0
+    layer += 2 * h * compute_bytes if int4_from_gguf and quantization == "int4" else 0
     if quantization:
         head = V * h + V * compute_bytes
     else:
