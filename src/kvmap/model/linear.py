@@ -65,16 +65,23 @@ class Int8Linear:
 
 class W8A8Linear(Int8Linear):
     """W8A8: activations quantized per token (int8, absmax), one int8 x int8 -> int32
-    product, then y = acc * x_scale * w_scale."""
+    product, then y = acc * x_scale * w_scale. ``in_scale`` (in,) fp32, when given,
+    multiplies x inside the quantization (SmoothQuant's 1 / s, ``smoothquant.py``)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 in_scale: torch.Tensor | None = None):
         super().__init__(weight, bias)
         self.scale = self.scale.float()
         self.qt = self.q.t()                          # (in, out) view for _int_mm
+        self.in_scale = None if in_scale is None else in_scale.float()
+
+    @property
+    def num_bytes(self) -> int:
+        return _bytes(self.q, self.scale, self.bias, self.in_scale)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from kvmap.model.wquant import int8_per_token
-        xq, xs = int8_per_token(x)
+        xq, xs = int8_per_token(x, self.in_scale)
         y = (torch._int_mm(xq, self.qt) * (xs * self.scale)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 

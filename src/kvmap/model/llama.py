@@ -28,6 +28,8 @@ from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
 from kvmap.model.linear import int4_layer, make_linear
+from kvmap.model.smoothquant import calibration_ids as calibration_ids_of
+from kvmap.model.smoothquant import quantize_w8a8
 from kvmap.model.wquant import check_quantization
 
 
@@ -87,12 +89,15 @@ _LAYER_MATRICES = tuple(f"self_attn.{n}_proj.weight" for n in "qkvo") + tuple(
 class LlamaModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype, device: torch.device | str = "cpu",
-                 quantization: str | None = None, int4_groups: dict | None = None):
+                 quantization: str | None = None, int4_groups: dict | None = None,
+                 calibration_ids: list[list[int]] | None = None):
         """``quantization``: the format of the layer matrices (``wquant.QUANTIZATIONS``),
         checked against the device and the shapes before any weight is converted.
         ``int4_groups`` (with ``"int4"``): HF name -> ``wquant.Int4Groups`` read from a
         GGUF's own 4-bit blocks; a layer whose seven matrices are all there is built
-        from them (``linear.int4_layer``) instead of requantizing ``weights``."""
+        from them (``linear.int4_layer``) instead of requantizing ``weights``.
+        ``"w8a8"`` builds the layers dense, then calibrates SmoothQuant on
+        ``calibration_ids`` (token lists; ``smoothquant.py``) and quantizes them."""
         super().__init__()
         q_in = (config.hidden_size, config.num_heads * config.head_dim,
                 config.intermediate_size)
@@ -110,6 +115,8 @@ class LlamaModel(torch.nn.Module):
             if not config.tie_word_embeddings else self.embed            # (V, h)
         self.norm = w["model.norm.weight"].float()
         self.layers = []
+        if quantization == "w8a8":        # dense first: SmoothQuant calibrates on them
+            quantization = None
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
@@ -137,8 +144,10 @@ class LlamaModel(torch.nn.Module):
                 if name.startswith(p):
                     del w[name]
         # the output head: int8 per channel under every weight format (wquant.py)
-        self.head = make_linear(self.lm_head, None, quantization and "int8")  # (V, h)
+        self.head = make_linear(self.lm_head, None, self.quantization and "int8")  # (V, h)
         self.rotary = Rotary(config, self.device)
+        if self.quantization == "w8a8":
+            quantize_w8a8(self, calibration_ids or calibration_ids_of(None, config.vocab_size))
 
     def _required_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

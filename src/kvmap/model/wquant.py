@@ -4,7 +4,8 @@
     int8    W8A16: int8 weights, one symmetric scale per output channel;
             ``torch._weight_int8pack_mm`` (x in the compute dtype)
     w8a8    int8 weights as above and activations quantized per token at every product
-            (symmetric absmax); ``torch._int_mm`` (int8 x int8 -> int32), then both scales
+            (symmetric absmax); ``torch._int_mm`` (int8 x int8 -> int32), then both scales;
+            q|k|v and gate|up smoothed (SmoothQuant), down kept W8A16 (``smoothquant.py``)
     int4    int4 weights, asymmetric, one (scale, zero) per group of ``INT4_GROUP_SIZE``
             input channels of each output channel; ``_weight_int4pack_mm_for_cpu``
             (CPU only), w = (q - 8) * scale + zero
@@ -65,10 +66,13 @@ def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations x (T, in) -> (q (T, in) int8, scale (T, 1) fp32), per-row absmax."""
-    scale = x.float().abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
-    return (x.float() / scale).round_().clamp_(-127, 127).to(torch.int8), scale
+def int8_per_token(x: torch.Tensor, in_scale: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations x (T, in) -> (q (T, in) int8, scale (T, 1) fp32), per-row absmax of
+    x, or of x * in_scale ((in,) fp32, SmoothQuant's 1 / s) when given."""
+    xf = x.float() if in_scale is None else x * in_scale          # fp32 either way
+    scale = xf.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+    return (xf / scale).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
 def int4_groups(w: torch.Tensor, group_size: int = INT4_GROUP_SIZE
