@@ -65,6 +65,7 @@ def input_absmax(model, ids_list: list[list[int]]) -> list[dict[str, torch.Tenso
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     stats = [dict() for _ in model.layers]
     for ids in ids_list:
+        ids = ids[:cfg.max_position_embeddings]
         T = len(ids)
         x = model.embed[torch.as_tensor(ids, device=model.device)].float()      # (T, h)
         cos, sin = model.rotary.tables(torch.arange(T, device=model.device), model.dtype)
