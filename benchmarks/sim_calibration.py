@@ -111,7 +111,8 @@ def efficiency(args) -> list[dict]:
         hw = measure_this_machine("bf16", args.threads,
                                   matmul_shapes=layer_shapes(llm.model_config))
         probe_at_measure, before = speed_probe_s(), speed_probe_s()
-        tok_s, most = run_bound(llm, [r.prompt for r in requests], BOUND_OUTPUT_TOKENS)
+        tok_s, most = run_bound(llm, [llm.encode(r.prompt) for r in requests],
+                               BOUND_OUTPUT_TOKENS)
         factor = probe_at_measure / ((before + speed_probe_s()) / 2)
         config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
                            hardware=scaled(hw, factor), kv=KVConfig.parse(kv), workload=None,
