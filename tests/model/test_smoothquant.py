@@ -42,3 +42,11 @@ def test_calibration_ids_without_a_tokenizer_are_seeded():
     a, b = calibration_ids(None, 256), calibration_ids(None, 256)
     assert a == b and len(a) == 4 and all(len(ids) == 512 for ids in a)
     assert all(0 <= t < 256 for ids in a for t in ids)
+
+
+def test_int8_model_smooths_and_stays_w8a16():
+    llm = make_tiny_llm(quantization="int8")
+    for layer in llm.engine.model.layers:
+        assert all(type(lin) is Int8Linear for lin in layer.values())
+        assert layer["qkv"].in_scale is not None and layer["gate_up"].in_scale is not None
+        assert layer["o"].in_scale is None and layer["down"].in_scale is None

@@ -41,26 +41,32 @@ class PackedLinear:
 
 
 class Int8Linear:
-    """W8A16: y = (x @ q.T) * scale (+ b); q (out, in) int8, scale (out,) per channel."""
+    """W8A16: y = ((x * in_scale) @ q.T) * scale (+ b); q (out, in) int8, scale (out,)
+    per channel; ``in_scale`` (in,) optional (SmoothQuant's 1 / s, ``smoothquant.py``)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 in_scale: torch.Tensor | None = None):
         from kvmap.model.wquant import int8_per_channel
         self.q, scale = int8_per_channel(weight)
         self.dtype = weight.dtype
         self.scale = scale.to(weight.dtype)          # the kernel wants x's dtype
         self.bias = bias
+        self.in_scale = None if in_scale is None else in_scale.to(weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_scale is not None:
+            x = x * self.in_scale
         y = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         return y if self.bias is None else y + self.bias
 
     def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, (out, in) in the compute dtype."""
-        return (self.q.float() * self.scale.float()[:, None]).to(self.dtype)
+        """The weight this layer multiplies x by, (out, in) in the compute dtype."""
+        w = self.q.float() * self.scale.float()[:, None]
+        return (w if self.in_scale is None else w * self.in_scale.float()).to(self.dtype)
 
     @property
     def num_bytes(self) -> int:
-        return _bytes(self.q, self.scale, self.bias)
+        return _bytes(self.q, self.scale, self.bias, self.in_scale)
 
 
 class W8A8Linear(Int8Linear):

@@ -29,7 +29,7 @@ from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
 from kvmap.model.linear import int4_layer, make_linear
 from kvmap.model.smoothquant import calibration_ids as calibration_ids_of
-from kvmap.model.smoothquant import quantize_w8a8
+from kvmap.model.smoothquant import SMOOTHED_FORMATS, quantize_smoothed
 from kvmap.model.wquant import check_quantization
 
 
@@ -96,7 +96,7 @@ class LlamaModel(torch.nn.Module):
         ``int4_groups`` (with ``"int4"``): HF name -> ``wquant.Int4Groups`` read from a
         GGUF's own 4-bit blocks; a layer whose seven matrices are all there is built
         from them (``linear.int4_layer``) instead of requantizing ``weights``.
-        ``"w8a8"`` builds the layers dense, then calibrates SmoothQuant on
+        ``"int8"`` and ``"w8a8"`` build the layers dense, then calibrate SmoothQuant on
         ``calibration_ids`` (token lists; ``smoothquant.py``) and quantizes them."""
         super().__init__()
         q_in = (config.hidden_size, config.num_heads * config.head_dim,
@@ -115,7 +115,7 @@ class LlamaModel(torch.nn.Module):
             if not config.tie_word_embeddings else self.embed            # (V, h)
         self.norm = w["model.norm.weight"].float()
         self.layers = []
-        if quantization == "w8a8":        # dense first: SmoothQuant calibrates on them
+        if quantization in SMOOTHED_FORMATS:    # dense first: SmoothQuant calibrates on them
             quantization = None
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -146,8 +146,9 @@ class LlamaModel(torch.nn.Module):
         # the output head: int8 per channel under every weight format (wquant.py)
         self.head = make_linear(self.lm_head, None, self.quantization and "int8")  # (V, h)
         self.rotary = Rotary(config, self.device)
-        if self.quantization == "w8a8":
-            quantize_w8a8(self, calibration_ids or calibration_ids_of(None, config.vocab_size))
+        if self.quantization in SMOOTHED_FORMATS:
+            quantize_smoothed(self, calibration_ids or calibration_ids_of(None, config.vocab_size),
+                              self.quantization)
 
     def _required_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

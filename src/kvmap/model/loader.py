@@ -51,7 +51,7 @@ class LoadedModel:
     source: str
     quantization: str | None = None     # weight format the model is built with (wquant.py)
     int4_groups: dict | None = None      # int4 from a GGUF's own Q4_0/Q4_1 blocks (gguf_loader)
-    calibration_ids: list | None = None  # w8a8: SmoothQuant's calibration texts (smoothquant.py)
+    calibration_ids: list | None = None  # int8/w8a8: SmoothQuant's calibration texts (smoothquant.py)
 
 
 def embedded_model_path() -> Path:
@@ -98,7 +98,7 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     if quantization == "int4" and kind == "gguf":
         from kvmap.model.gguf_loader import read_int4_groups
         loaded.int4_groups = read_int4_groups(path, loaded.config)
-    if quantization == "w8a8":
+    if quantization in ("int8", "w8a8"):
         from kvmap.model.smoothquant import calibration_ids
         loaded.calibration_ids = calibration_ids(loaded.tokenizer, loaded.config.vocab_size)
     return loaded

@@ -1,4 +1,4 @@
-"""``w8a8`` with SmoothQuant migration (Xiao et al., 2023, "SmoothQuant: Accurate and
+"""``w8a8`` and ``int8`` with SmoothQuant migration (Xiao et al., 2023, "SmoothQuant: Accurate and
 Efficient Post-Training Quantization for Large Language Models").
 
 Per-token int8 activations lose the small channels of a token whose few outlier channels
@@ -14,7 +14,7 @@ X is the normalized residual and W the folded matrix, which gives the same s as 
 paper's norm-weighted X and plain W; the 1 / s is applied inside the per-token
 quantization of ``W8A8Linear`` (no extra operator).
 
-Which matrices: q|k|v and gate|up are smoothed; o is plain W8A8 (its inputs have no
+Which matrices: q|k|v and gate|up are smoothed; for w8a8, o is plain W8A8 (its inputs have no
 strong channel outliers); down stays W8A16 (``Int8Linear``): its input, silu(g) * u, has
 channels thousands of times its median in some layers, beyond what migration with
 per-output-channel weight scales absorbs (measured in docs/weights.md).
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from kvmap.model.linear import Int8Linear, W8A8Linear
 
 SMOOTH_ALPHA = 0.5
+SMOOTHED_FORMATS = ("int8", "w8a8")
 SMOOTHED = ("qkv", "gate_up")
 W8A16_IN_W8A8 = ("down",)
 CALIBRATION_SEED = 1234          # not the eval tasks' default seed (0)
@@ -91,17 +92,20 @@ def _keep_max(seen: dict, name: str, x: torch.Tensor) -> None:
     seen[name] = m if name not in seen else torch.maximum(seen[name], m)
 
 
-def quantize_w8a8(model, ids_list: list[list[int]]) -> None:
-    """Turn the dense layers of ``model`` (built with ``PackedLinear``s) into w8a8 in
-    place: smoothed ``SMOOTHED``, W8A16 ``W8A16_IN_W8A8``, plain W8A8 the rest."""
+def quantize_smoothed(model, ids_list: list[list[int]], quantization: str) -> None:
+    """Turn the dense layers of ``model`` (built with ``PackedLinear``s) into
+    ``quantization`` (``SMOOTHED_FORMATS``) in place: ``SMOOTHED`` matrices smoothed;
+    for w8a8, ``W8A16_IN_W8A8`` in W8A16 and the rest plain W8A8; for int8 all W8A16."""
+    if quantization not in SMOOTHED_FORMATS:
+        raise ValueError(f"quantization={quantization!r} is not one of {SMOOTHED_FORMATS}")
     stats = input_absmax(model, ids_list)
     for layer, seen in zip(model.layers, stats):
         for name, lin in list(layer.items()):
             w = lin.weight
-            if name in W8A16_IN_W8A8:
-                layer[name] = Int8Linear(w, lin.bias)
-            elif name in SMOOTHED:
+            kind = W8A8Linear if quantization == "w8a8" and name not in W8A16_IN_W8A8 \
+                else Int8Linear
+            if name in SMOOTHED:
                 s = smooth_scales(seen[name], w)
-                layer[name] = W8A8Linear((w.float() * s).to(w.dtype), lin.bias, 1 / s)
+                layer[name] = kind((w.float() * s).to(w.dtype), lin.bias, 1 / s)
             else:
-                layer[name] = W8A8Linear(w, lin.bias)
+                layer[name] = kind(w, lin.bias)
