@@ -1,29 +1,47 @@
-"""kvmap's engine against HF transformers ``generate``, side by side in one run, on the
-same weights (the embedded SmolLM2-135M GGUF, dequantized to dense bf16 for both).
+"""kvmap's engine against HF transformers ``generate`` and llama.cpp's server, side by
+side in one run, on the same weights (the embedded SmolLM2-135M GGUF: dense bf16 for
+transformers and our bf16 row, its own Q4_1 for llama.cpp).
 
 Measures (median of --repeats runs each):
   prefill   tokens/s on a 2,000-token prompt (time to the first token)
-  decode    tokens/s at batch 1 (128 new tokens after a short prompt)
+  decode    tokens/s at batch 1 (128 new tokens after a short prompt): our bf16 weights
+            and each --formats weight quantization (``LLM(quantization=...)``), rounds
+            alternating over the formats, each as a ratio to our bf16 and against its
+            bandwidth bound (bytes read per step over the copy bandwidth of this run)
   batch     output tokens/s for 32 requests of ~200 prompt and 200 output tokens
             (ours: continuous batching; transformers: one padded batched generate)
+  llama.cpp prefill and batch-1 decode from ``llama-server``'s own timings
+            (``llamacpp_peer.py`` states the definitions), when it is built
+            (``scripts/llamacpp.sh``); else its rows say "not built"
 and the machine's bf16 matrix-multiply rate, to state prefill as a fraction of it.
 
-    .venv/bin/python benchmarks/engine_vs_hf.py [--repeats 3] [--quick]
+    .venv/bin/python benchmarks/engine_vs_hf.py [--repeats 3] [--quick] [--threads 1]
+        [--formats int8,w8a8,int4] [--decode-only]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import environment, matmul_gflops, median_time_s, write_record  # noqa: E402
+from llamacpp_peer import LlamaServer, llama_server_binary  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.model.loader import embedded_model_path  # noqa: E402
+from kvmap.plan.sim.calibrate import copy_bandwidth  # noqa: E402
 from kvmap.workloads.corpus import corpus_text  # noqa: E402
+
+FORMATS = ("int8", "w8a8", "int4")
+# the issue's targets: ours / transformers for the bf16 rows, ours / our bf16 for a
+# weight format's decode, int4 / llama.cpp's Q4_1 for the stretch target
+TARGETS = {"prefill_tokens_per_s": 0.8, "decode_tokens_per_s_batch1": 2.5,
+           "output_tokens_per_s_": 3.0}      # the N-request row, N in its name
+FORMAT_TARGETS = {"int8": 1.4}
 
 
 def load_hf():
@@ -55,74 +73,185 @@ def ours_prefill(llm, prompt):
     return out.metrics.ttft_s
 
 
-def main() -> None:
+def ours_decode(llm, prompt, num_tokens: int) -> float:
+    """Tokens after the first over the time after the first (batch 1)."""
+    m = llm.generate([prompt], SamplingParams(max_tokens=num_tokens + 1,
+                                              ignore_eos=True))[0].metrics
+    return (m.num_output_tokens - 1) / (m.token_times_s[-1] - m.token_times_s[0])
+
+
+def decode_bytes_per_step(llm) -> int:
+    """Weight bytes a batch-1 decode step reads: all but an embedding the head does not
+    share (the embedding is a lookup of one row)."""
+    model = llm.engine.model
+    embed = model.embed.numel() * model.embed.element_size()
+    own_head = model.quantization or model.lm_head is not model.embed
+    return model.weight_bytes - (embed if own_head else 0)
+
+
+def decode_rows(llms: dict, prompt, num_tokens: int, repeats: int) -> dict:
+    """Median batch-1 decode rate per weight format, rounds alternating over formats
+    (the first round is a warm-up)."""
+    rates = {q: [] for q in llms}
+    for _ in range(repeats + 1):
+        for q, llm in llms.items():
+            rates[q].append(ours_decode(llm, prompt, num_tokens))
+    return {q: statistics.median(r[1:]) for q, r in rates.items()}
+
+
+def llamacpp_rows(threads: int, long_prompt, short_prompt, num_decode: int,
+                  repeats: int, decode_only: bool) -> dict:
+    binary = llama_server_binary()
+    if binary is None:
+        return {"status": "not built (scripts/llamacpp.sh)"}
+    with LlamaServer(binary, embedded_model_path(), threads,
+                     ctx_tokens=len(long_prompt) + 256) as server:
+        server.complete(short_prompt, 4)                       # warm-up
+        decode = [server.complete(short_prompt, num_decode + 1)["predicted_per_second"]
+                  for _ in range(repeats)]
+        prefill = [] if decode_only else [
+            server.complete(long_prompt, 1)["prompt_per_second"] for _ in range(repeats)]
+    return {"status": "ran", "binary": str(binary), "weights": "Q4_1 (the GGUF's own)",
+            "decode_tokens_per_s_batch1": statistics.median(decode),
+            "prefill_tokens_per_s": statistics.median(prefill) if prefill else None,
+            "definition": "llama-server timings: predicted_per_second = (generated - 1) / "
+                          "time from the first generated token to the last; "
+                          "prompt_per_second = prompt tokens / time to the first token; "
+                          "server clock, no HTTP"}
+
+
+def hf_rows(llm, hf, long_prompt, short_prompt, batch_prompts, n, repeats) -> dict:
+    """The bf16 rows against transformers: (ours, theirs) per metric."""
+    n_prefill, n_decode, n_req, n_out = n
+    rows = {}
+    if long_prompt is not None:
+        ours_s, _ = median_time_s(lambda: ours_prefill(llm, long_prompt), repeats)
+        hf_s, _ = median_time_s(lambda: hf_generate(hf, [long_prompt], 1), repeats)
+        rows["prefill_tokens_per_s"] = (n_prefill / ours_s, n_prefill / hf_s)
+    t_full, _ = median_time_s(lambda: hf_generate(hf, [short_prompt], n_decode + 1), repeats)
+    t_first, _ = median_time_s(lambda: hf_generate(hf, [short_prompt], 1), repeats)
+    rows["decode_tokens_per_s_batch1"] = (None, n_decode / (t_full - t_first))
+    if batch_prompts is not None:
+        params = SamplingParams(max_tokens=n_out, ignore_eos=True)
+        ours_s, _ = median_time_s(lambda: llm.generate(batch_prompts, params), repeats,
+                                  warmup=0)
+        hf_s, _ = median_time_s(lambda: hf_generate(hf, batch_prompts, n_out), repeats,
+                                warmup=0)
+        rows[f"output_tokens_per_s_{n_req}req"] = (n_req * n_out / ours_s, n_req * n_out / hf_s)
+    return rows
+
+
+def format_metrics(llms, decode, bandwidth, llamacpp) -> dict:
+    base = decode[None]
+    out = {}
+    print(f"\nbatch-1 decode by weight format (copy bandwidth {bandwidth / 1e9:.1f} GB/s)")
+    print(f"{'weights':8s} {'tok/s':>8s} {'vs bf16':>8s} {'target':>7s} {'MB/step':>8s} "
+          f"{'bound':>7s} {'of bound':>8s}")
+    for q, llm in llms.items():
+        step_bytes = decode_bytes_per_step(llm)
+        bound = bandwidth / step_bytes
+        key = "bf16" if q is None else q
+        row = {"tokens_per_s": decode[q], "ratio_to_bf16": decode[q] / base,
+               "weight_bytes": llm.weight_bytes(), "bytes_read_per_step": step_bytes,
+               "bandwidth_bound_tokens_per_s": bound, "fraction_of_bound": decode[q] / bound,
+               "target_ratio_to_bf16": FORMAT_TARGETS.get(q)}
+        if row["target_ratio_to_bf16"] is not None:
+            row["met"] = row["ratio_to_bf16"] >= row["target_ratio_to_bf16"]
+        if q == "int4" and llamacpp.get("decode_tokens_per_s_batch1"):
+            row["ratio_to_llamacpp_q4_1"] = decode[q] / llamacpp["decode_tokens_per_s_batch1"]
+            row["met_llamacpp"] = row["ratio_to_llamacpp_q4_1"] >= 1.0
+        out[key] = row
+        target = f"{row['target_ratio_to_bf16']:.1f}x" if row["target_ratio_to_bf16"] else "-"
+        print(f"{key:8s} {decode[q]:8.1f} {row['ratio_to_bf16']:7.2f}x {target:>7s} "
+              f"{step_bytes / 1e6:8.1f} {bound:7.1f} {row['fraction_of_bound']:7.0%}")
+    lc = llamacpp.get("decode_tokens_per_s_batch1")
+    print(f"{'llama.cpp':8s} " + (f"{lc:8.1f} {lc / base:7.2f}x  (Q4_1, llama-server timings)"
+                                  if lc else llamacpp["status"]))
+    if "int4" in out and "ratio_to_llamacpp_q4_1" in out["int4"]:
+        print(f"int4 / llama.cpp Q4_1 = {out['int4']['ratio_to_llamacpp_q4_1']:.2f}x "
+              f"(target >= 1.0x)")
+    return out
+
+
+def print_hf(rows: dict, repeats: int) -> dict:
+    print(f"\nkvmap engine vs HF transformers generate, bf16, same weights "
+          f"(median of {repeats}); load average {environment()['load_average']}")
+    print(f"{'metric':34s} {'kvmap':>10s} {'transformers':>13s} {'ratio':>7s} {'target':>7s}")
+    metrics = {}
+    for name, (ours, theirs) in rows.items():
+        ratio = ours / theirs
+        target = TARGETS.get(name, TARGETS["output_tokens_per_s_"])
+        print(f"{name:34s} {ours:10.1f} {theirs:13.1f} {ratio:6.2f}x {target:6.1f}x")
+        metrics[name] = {"kvmap": ours, "transformers": theirs, "ratio": ratio,
+                         "target_ratio": target, "met": ratio >= target}
+    return metrics
+
+
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2,
-                    help="torch threads, the same for both engines")
+                    help="torch threads (and llama-server -t), the same for every engine")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help="weight quantizations for the decode rows (comma-separated; '' none)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the batch-1 decode rows (skip prefill and 32 requests)")
     args = ap.parse_args()
+    args.formats = [f for f in args.formats.split(",") if f]
+    bad = [f for f in args.formats if f not in FORMATS]
+    if bad:
+        ap.error(f"--formats {bad[0]!r} is not one of {', '.join(FORMATS)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     n_prefill, n_decode, n_req, n_in, n_out = (2000, 128, 32, 200, 200)
     if args.quick:
         n_prefill, n_decode, n_req, n_in, n_out = (500, 32, 8, 100, 32)
         args.repeats = 1
 
-    llm = LLM(dtype="bf16", kv="bf16", kv_memory="512MiB", enable_prefix_caching=False,
-              max_num_batched_tokens=2048, max_num_seqs=64)
-    hf = load_hf()
+    engine_args = dict(dtype="bf16", kv="bf16", enable_prefix_caching=False,
+                       max_num_batched_tokens=2048, max_num_seqs=64)
+    llms = {None: LLM(kv_memory="512MiB", **engine_args)}
+    for q in args.formats:             # batch 1 only: a small pool is enough
+        llms[q] = LLM(kv_memory="64MiB", quantization=q, **engine_args)
+    llm, hf = llms[None], load_hf()
     tok = llm.tokenizer
     long_prompt = prompts_of(tok, 1, n_prefill)[0]
     short_prompt = prompts_of(tok, 1, 16)[0]
     batch_prompts = prompts_of(tok, n_req, n_in)
-    rows = {}
 
-    # prefill: ours = time to first token of a lone request; HF = generate 1 new token
-    ours_s, _ = median_time_s(lambda: ours_prefill(llm, long_prompt), args.repeats)
-    hf_s, _ = median_time_s(lambda: hf_generate(hf, [long_prompt], 1), args.repeats)
-    rows["prefill_tokens_per_s"] = (n_prefill / ours_s, n_prefill / hf_s)
+    rows = hf_rows(llm, hf, None if args.decode_only else long_prompt, short_prompt,
+                   None if args.decode_only else batch_prompts,
+                   (n_prefill, n_decode, n_req, n_out), args.repeats)
+    decode = decode_rows(llms, short_prompt, n_decode, args.repeats)
+    rows["decode_tokens_per_s_batch1"] = (decode[None], rows["decode_tokens_per_s_batch1"][1])
+    bandwidth = copy_bandwidth()
+    llamacpp = llamacpp_rows(args.threads, long_prompt, short_prompt, n_decode,
+                             args.repeats, args.decode_only)
 
-    # decode at batch 1: tokens after the first over the time after the first
-    def ours_decode():
-        m = llm.generate([short_prompt], SamplingParams(max_tokens=n_decode + 1,
-                                                        ignore_eos=True))[0].metrics
-        return (m.num_output_tokens - 1) / (m.token_times_s[-1] - m.token_times_s[0])
-    ours_rates = [ours_decode() for _ in range(args.repeats + 1)][1:]
-    t_full, _ = median_time_s(lambda: hf_generate(hf, [short_prompt], n_decode + 1),
-                              args.repeats)
-    t_first, _ = median_time_s(lambda: hf_generate(hf, [short_prompt], 1), args.repeats)
-    rows["decode_tokens_per_s_batch1"] = (sorted(ours_rates)[len(ours_rates) // 2],
-                                          n_decode / (t_full - t_first))
-
-    # 32 concurrent requests
-    params = SamplingParams(max_tokens=n_out, ignore_eos=True)
-    ours_s, _ = median_time_s(lambda: llm.generate(batch_prompts, params), args.repeats,
-                              warmup=0)
-    hf_s, _ = median_time_s(lambda: hf_generate(hf, batch_prompts, n_out), args.repeats,
-                            warmup=0)
-    rows[f"output_tokens_per_s_{n_req}req"] = (n_req * n_out / ours_s, n_req * n_out / hf_s)
-
-    peak = matmul_gflops(torch.bfloat16)
-    flops_per_token = 2 * llm.engine.model.config.num_params   # dense matmuls, approx.
-    prefill_gflops = rows["prefill_tokens_per_s"][0] * flops_per_token / 1e9
-    targets = {"prefill_tokens_per_s": 2.0, "decode_tokens_per_s_batch1": 2.5,
-               f"output_tokens_per_s_{n_req}req": 5.0}
-
-    print(f"\nkvmap engine vs HF transformers generate, bf16, same weights "
-          f"(median of {args.repeats}); load average {environment()['load_average']}")
-    print(f"{'metric':34s} {'kvmap':>10s} {'transformers':>13s} {'ratio':>7s} {'target':>7s}")
-    metrics = {}
-    for name, (ours, theirs) in rows.items():
-        ratio = ours / theirs
-        print(f"{name:34s} {ours:10.1f} {theirs:13.1f} {ratio:6.2f}x {targets[name]:6.1f}x")
-        metrics[name] = {"kvmap": ours, "transformers": theirs, "ratio": ratio,
-                         "target_ratio": targets[name], "met": ratio >= targets[name]}
-    print(f"bf16 matmul rate {peak:.0f} GFLOP/s; prefill runs {prefill_gflops:.0f} GFLOP/s "
-          f"= {prefill_gflops / peak:.0%} of it (target >= 50%)")
-    metrics["bf16_matmul_gflops"] = peak
-    metrics["prefill_fraction_of_matmul_rate"] = prefill_gflops / peak
+    metrics = print_hf(rows, args.repeats)
+    metrics["weight_formats_decode_batch1"] = format_metrics(llms, decode, bandwidth, llamacpp)
+    metrics["llamacpp"] = llamacpp
+    metrics["copy_bandwidth_bytes_per_s"] = bandwidth
+    if "prefill_tokens_per_s" in rows:
+        peak = matmul_gflops(torch.bfloat16)
+        flops_per_token = 2 * llm.engine.model.config.num_params   # dense matmuls, approx.
+        prefill_gflops = rows["prefill_tokens_per_s"][0] * flops_per_token / 1e9
+        print(f"bf16 matmul rate {peak:.0f} GFLOP/s; prefill runs {prefill_gflops:.0f} "
+              f"GFLOP/s = {prefill_gflops / peak:.0%} of it")
+        if llamacpp.get("prefill_tokens_per_s"):
+            print(f"llama.cpp prefill {llamacpp['prefill_tokens_per_s']:.1f} tok/s; ours / it "
+                  f"= {rows['prefill_tokens_per_s'][0] / llamacpp['prefill_tokens_per_s']:.2f}x")
+        metrics["bf16_matmul_gflops"] = peak
+        metrics["prefill_fraction_of_matmul_rate"] = prefill_gflops / peak
+    print(f"load average {environment()['load_average']}")
     path = write_record("engine_vs_hf", {"repeats": args.repeats, "quick": args.quick,
-                                         "threads": args.threads,
+                                         "threads": args.threads, "formats": args.formats,
+                                         "decode_only": args.decode_only,
                                          "prefill_tokens": n_prefill,
                                          "decode_tokens": n_decode, "requests": n_req,
                                          "prompt_tokens": n_in, "output_tokens": n_out},

@@ -10,6 +10,13 @@
    and sequence limit. Nothing of the SmolLM2 runs feeds the simulator.
 3. Print prediction errors (simulated / measured - 1) of output throughput, P50 TBT,
    P50 TTFT and mean E2E, and write a JSON record under ``benchmarks/results/``.
+4. Engine efficiency against the simulated limit (issue 15): on the memory-bound
+   scenario (a 72 MiB pool, about 16 bf16 requests; 64 requests of 180-220 prompt and
+   64 output tokens in a closed loop of 64), per KV codec (bf16, int8, int4) and one
+   policy, the engine's output tokens/s divided by what ``kvmap simulate`` on
+   ``cpu-this-machine`` (measured right before, rescaled by the speed probes) predicts
+   for the same requests and pool: the share of this machine's measured limits the
+   engine reaches (target >= 60%), beside both sides' peak concurrency.
 
 Each repeat measures the hardware and runs the engine back to back; a half-second speed
 probe taken right after the measurement and around the engine run rescales the profile
@@ -18,6 +25,7 @@ reported too). The reported error is the median of the per-repeat errors.
 
     .venv/bin/python benchmarks/sim_calibration.py            # three workloads
     .venv/bin/python benchmarks/sim_calibration.py --quick    # smaller
+    .venv/bin/python benchmarks/sim_calibration.py --sections efficiency
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import write_record  # noqa: E402
+from memory_bound import run as run_bound  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.metrics import aggregate  # noqa: E402
@@ -47,6 +56,10 @@ from kvmap.workloads.arrivals import ClosedLoop  # noqa: E402
 from kvmap.workloads.lengths import Uniform  # noqa: E402
 
 KV_MEMORY = "256MiB"
+BOUND_KV_MEMORY = "72MiB"                # the memory-bound scenario of issue 15
+BOUND_SPECS = ("bf16", "int8", "int4", "streaming_llm(budget=0.25)")
+EFFICIENCY_TARGET = 0.6
+BOUND_OUTPUT_TOKENS = 64
 METRICS = (("output_tokens_per_s", None, "out tok/s"), ("tbt_s", "p50", "TBT p50"),
            ("ttft_s", "p50", "TTFT p50"), ("e2e_s", "mean", "E2E mean"))
 
@@ -80,14 +93,84 @@ def run_engine(llm: LLM, requests) -> dict:
     return aggregate(outs, duration_s=time.perf_counter() - t0)
 
 
+def efficiency(args) -> list[dict]:
+    """Section 4 of the module docstring: one row per KV spec."""
+    num = 32 if args.quick else 64
+    spec = replace(get_preset("throughput"), name="bound", num_requests=num,
+                   prompt_len=Uniform(180, 220),
+                   output_len=Uniform(BOUND_OUTPUT_TOKENS, BOUND_OUTPUT_TOKENS),
+                   arrival=ClosedLoop(num))
+    rows = []
+    for kv in BOUND_SPECS:
+        llm = LLM(dtype="bf16", kv=kv, kv_memory=BOUND_KV_MEMORY, max_num_seqs=num,
+                  max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
+        requests = build_requests(spec, llm.tokenizer)
+        sim_requests = [replace(r, arrival_s=0.0)
+                        for r in requests_from_workload(requests, llm.tokenizer)]
+        run_engine(llm, requests[:2])                          # warm-up
+        hw = measure_this_machine("bf16", args.threads,
+                                  matmul_shapes=layer_shapes(llm.model_config))
+        probe_at_measure, before = speed_probe_s(), speed_probe_s()
+        tok_s, most = run_bound(llm, [llm.encode(r.prompt) for r in requests],
+                               BOUND_OUTPUT_TOKENS)
+        factor = probe_at_measure / ((before + speed_probe_s()) / 2)
+        config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
+                           hardware=scaled(hw, factor), kv=KVConfig.parse(kv), workload=None,
+                           engine=EngineSettings(block_size=16, max_num_seqs=num,
+                                                 max_num_batched_tokens=512,
+                                                 kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
+        sim = simulate(config, sim_requests)
+        sim_tok_s = sim.metrics["output_tokens_per_s"]
+        rows.append({"kv": kv, "engine_output_tokens_per_s": tok_s,
+                     "simulated_output_tokens_per_s": sim_tok_s,
+                     "efficiency": tok_s / sim_tok_s, "target": EFFICIENCY_TARGET,
+                     "met": tok_s / sim_tok_s >= EFFICIENCY_TARGET,
+                     "engine_max_running": most, "simulated_max_running": sim.kv["max_running"],
+                     "speed_factor": factor, "load_average": os.getloadavg()[0]})
+        print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running), simulated "
+              f"{sim_tok_s:.1f} ({sim.kv['max_running']} running): {tok_s / sim_tok_s:.0%}"
+              f" (load {os.getloadavg()[0]:.1f}, speed factor {factor:.2f})", flush=True)
+        del llm
+    return rows
+
+
+def print_efficiency(rows: list[dict]) -> None:
+    print(f"\nengine efficiency against the simulated limit (72 MiB pool, closed loop; "
+          f"target >= {EFFICIENCY_TARGET:.0%})")
+    print(f"{'kv':<28} {'engine':>8} {'simulated':>10} {'share':>6} {'running':>12}")
+    for r in rows:
+        print(f"{r['kv']:<28} {r['engine_output_tokens_per_s']:>8.1f} "
+              f"{r['simulated_output_tokens_per_s']:>10.1f} {r['efficiency']:>6.0%} "
+              f"{r['engine_max_running']:>5} / {r['simulated_max_running']:<5}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sections", default="calibration,efficiency",
+                    help="comma-separated: calibration (steps 1-3), efficiency (step 4)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    sections = set(args.sections.split(","))
+    if not sections <= {"calibration", "efficiency"}:
+        ap.error(f"--sections {args.sections!r}: choose from calibration, efficiency")
+    record = calibration(args) if "calibration" in sections else []
+    bound = efficiency(args) if "efficiency" in sections else []
+    if bound:
+        print_efficiency(bound)
+    path = write_record("sim_calibration", {
+        "model": "embedded SmolLM2-135M (bf16)", "kv": "bf16", "kv_memory": KV_MEMORY,
+        "max_num_batched_tokens": 512, "threads": args.threads, "repeats": args.repeats,
+        "quick": args.quick, "sections": sorted(sections),
+        "bound_kv_memory": BOUND_KV_MEMORY},
+        {"workloads": record, "efficiency_vs_simulated_limit": bound})
+    print(f"\nwrote {path}")
 
+
+def calibration(args) -> list[dict]:
+    """Steps 1-3 of the module docstring; the per-workload entries of the record."""
     max_seqs = max(n for _, _, n in workloads(args.quick))
     llm = LLM(dtype="bf16", kv="bf16", kv_memory=KV_MEMORY, max_num_seqs=max_seqs,
               max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
@@ -159,11 +242,7 @@ def main() -> None:
         scale, unit = (1, "") if name == "out tok/s" else (1e3, " ms")
         print(f"{label:<10} {name:<11} {real * scale:>10.2f}{unit:<3}"
               f"{predicted * scale:>9.2f}{unit:<3} {error:>+7.1%} {unscaled_error:>+8.1%}")
-    path = write_record("sim_calibration", {
-        "model": "embedded SmolLM2-135M (bf16)", "kv": "bf16", "kv_memory": KV_MEMORY,
-        "max_num_batched_tokens": 512, "threads": args.threads, "repeats": args.repeats,
-        "quick": args.quick}, {"workloads": record})
-    print(f"\nwrote {path}")
+    return record
 
 
 if __name__ == "__main__":

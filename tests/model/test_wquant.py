@@ -71,8 +71,9 @@ def test_weight_bytes_are_exact():
     head_int8 = V * h + V * 2
     assert plain.weight_bytes() == fixed + cfg.num_layers * sum(o * i * 2 for o, i in mats) \
         + (0 if cfg.tie_word_embeddings else V * h * 2)
-    assert q8.weight_bytes() == fixed + head_int8 + cfg.num_layers * sum(
-        o * i + o * 2 for o, i in mats)
+    smooth = 2 * h * 2               # SmoothQuant's 1/s of q|k|v and gate|up (bf16)
+    assert q8.weight_bytes() == fixed + head_int8 + cfg.num_layers * (sum(
+        o * i + o * 2 for o, i in mats) + smooth)
     assert q4.weight_bytes() == fixed + head_int8 + cfg.num_layers * sum(
         o * i // 2 + (i // 32) * o * 2 * 2 for o, i in mats)
 

@@ -62,7 +62,9 @@ class Engine:
         self.model_id = loaded.model_id
         if model is None:
             model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device,
-                               getattr(loaded, "quantization", None))
+                               getattr(loaded, "quantization", None),
+                               getattr(loaded, "int4_groups", None),
+                               getattr(loaded, "calibration_ids", None))
         self.model = model
         loaded.weights = None     # the model holds the fused copies now
         cc = config.cache

@@ -9,6 +9,11 @@ llama.cpp's converter reorders the rows of ``attn_q`` and ``attn_k`` for its int
 rotary layout; ``unpermute_rotary_rows`` undoes that so the weights equal Hugging Face's
 (as transformers' own GGUF loader does). Only ``general.architecture == "llama"`` is read
 (SmolLM, Llama 1/2/3, Mistral all ship as ``llama``); anything else is a ValueError.
+
+``read_int4_groups(path, config)`` reads the layer matrices stored as Q4_0 / Q4_1 as
+the engine's int4 groups (``wquant.Int4Groups``) straight from their blocks, with no
+trip through a dense dtype: ``LLM(quantization="int4")`` on a GGUF builds those
+matrices from them (``linear.int4_layer``).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import torch
 
 from kvmap.config import ModelConfig
 from kvmap.model.shapes import check_weights
+from kvmap.model.wquant import INT4_GROUP_SIZE, Int4Groups, int4_from_affine_blocks
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -149,6 +155,46 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
         weights[hf_name] = weight.to(dtype=dtype).to(device)
     check_weights(config, weights)
     return GGUFModel(config=config, weights=weights, metadata=metadata)
+
+
+def read_int4_groups(path: str | Path, config: ModelConfig) -> dict[str, Int4Groups]:
+    """HF name -> ``Int4Groups`` for every layer matrix of ``path`` stored as Q4_0 or
+    Q4_1 (other types are absent: they take the dense path). q/k rows un-permuted as in
+    :func:`load_gguf`; codes, scales and zeros as :func:`wquant.int4_from_affine_blocks`."""
+    from gguf import GGMLQuantizationType as T
+
+    groups = {}
+    for tensor in open_gguf(path).tensors:
+        if tensor.tensor_type not in (T.Q4_0, T.Q4_1) or not tensor.name.startswith("blk."):
+            continue
+        rows, cols = (int(s) for s in reversed(tensor.shape))
+        if cols % INT4_GROUP_SIZE:
+            continue
+        g = q4_blocks_to_groups(np.asarray(tensor.data), rows, cols,
+                                tensor.tensor_type == T.Q4_1)
+        if ".attn_q." in tensor.name or ".attn_k." in tensor.name:
+            heads = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
+            g = Int4Groups(*(unpermute_rotary_rows(t, heads) for t in (g.codes, g.scale,
+                                                                        g.zero)))
+        groups[hf_tensor_name(tensor.name)] = g
+    return groups
+
+
+def q4_blocks_to_groups(raw: np.ndarray, rows: int, cols: int, has_min: bool) -> Int4Groups:
+    """One Q4_0 / Q4_1 tensor's bytes (rows, blocks x block bytes) -> ``Int4Groups``.
+
+    A block of 32 weights: fp16 d, (Q4_1 only) fp16 m, then 16 bytes whose low nibbles
+    are weights 0..15 and high nibbles weights 16..31 (ggml's layout); w = d * q + m,
+    Q4_0's w = d * (q - 8) being m = -8 d."""
+    num_blocks = cols // INT4_GROUP_SIZE
+    head = 4 if has_min else 2
+    blocks = raw.reshape(rows, num_blocks, head + INT4_GROUP_SIZE // 2)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    m = (torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]) if has_min
+         else -8 * d.float())
+    packed = torch.from_numpy(blocks[..., head:].copy())          # (rows, G, 16) uint8
+    codes = torch.cat([packed & 0x0F, packed >> 4], -1).reshape(rows, cols)
+    return int4_from_affine_blocks(d, m, codes)
 
 
 def hf_tensor_name(gguf_name: str) -> str:

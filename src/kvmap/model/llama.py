@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
-from kvmap.model.linear import make_linear
+from kvmap.model.linear import int4_layer, make_linear
+from kvmap.model.smoothquant import calibration_ids as calibration_ids_of
+from kvmap.model.smoothquant import SMOOTHED_FORMATS, quantize_smoothed
 from kvmap.model.wquant import check_quantization
 
 
@@ -84,12 +86,22 @@ def _fold(matrix: torch.Tensor, norm_weight: torch.Tensor, dtype, device) -> tor
     return (matrix.to(device=device, dtype=torch.float32) * norm_weight.to(device)).to(dtype)
 
 
+_LAYER_MATRICES = tuple(f"self_attn.{n}_proj.weight" for n in "qkvo") + tuple(
+    f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
+
+
 class LlamaModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype, device: torch.device | str = "cpu",
-                 quantization: str | None = None):
+                 quantization: str | None = None, int4_groups: dict | None = None,
+                 calibration_ids: list[list[int]] | None = None):
         """``quantization``: the format of the layer matrices (``wquant.QUANTIZATIONS``),
-        checked against the device and the shapes before any weight is converted."""
+        checked against the device and the shapes before any weight is converted.
+        ``int4_groups`` (with ``"int4"``): HF name -> ``wquant.Int4Groups`` read from a
+        GGUF's own 4-bit blocks; a layer whose seven matrices are all there is built
+        from them (``linear.int4_layer``) instead of requantizing ``weights``.
+        ``"int8"`` and ``"w8a8"`` build the layers dense, then calibrate SmoothQuant on
+        ``calibration_ids`` (token lists; ``smoothquant.py``) and quantizes them."""
         super().__init__()
         q_in = (config.hidden_size, config.num_heads * config.head_dim,
                 config.intermediate_size)
@@ -107,6 +119,8 @@ class LlamaModel(torch.nn.Module):
             if not config.tie_word_embeddings else self.embed            # (V, h)
         self.norm = w["model.norm.weight"].float()
         self.layers = []
+        if quantization in SMOOTHED_FORMATS:    # dense first: SmoothQuant calibrates on them
+            quantization = None
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
@@ -116,7 +130,10 @@ class LlamaModel(torch.nn.Module):
             if config.attention_bias:
                 bqkv = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
                                   w[a + "v_proj.bias"]])
-            self.layers.append({
+            from_groups = quantization == "int4" and int4_groups and all(
+                p + n in int4_groups for n in _LAYER_MATRICES)
+            self.layers.append(int4_layer(int4_groups, p, in_norm, post_norm, bqkv, dtype)
+                               if from_groups else {
                 "qkv": make_linear(_fold(torch.cat([weights[a + "q_proj.weight"],
                                                      weights[a + "k_proj.weight"],
                                                      weights[a + "v_proj.weight"]]),
@@ -131,8 +148,11 @@ class LlamaModel(torch.nn.Module):
                 if name.startswith(p):
                     del w[name]
         # the output head: int8 per channel under every weight format (wquant.py)
-        self.head = make_linear(self.lm_head, None, quantization and "int8")  # (V, h)
+        self.head = make_linear(self.lm_head, None, self.quantization and "int8")  # (V, h)
         self.rotary = Rotary(config, self.device)
+        if self.quantization in SMOOTHED_FORMATS:
+            quantize_smoothed(self, calibration_ids or calibration_ids_of(None, config.vocab_size),
+                              self.quantization)
 
     def _required_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

@@ -50,6 +50,8 @@ class LoadedModel:
     model_id: str
     source: str
     quantization: str | None = None     # weight format the model is built with (wquant.py)
+    int4_groups: dict | None = None      # int4 from a GGUF's own Q4_0/Q4_1 blocks (gguf_loader)
+    calibration_ids: list | None = None  # int8/w8a8: SmoothQuant's calibration texts (smoothquant.py)
 
 
 def embedded_model_path() -> Path:
@@ -92,6 +94,13 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     check_quantization(quantization, device)
     loaded = _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
     loaded.quantization = quantization
+    kind, path = resolve_model(model)
+    if quantization == "int4" and kind == "gguf":
+        from kvmap.model.gguf_loader import read_int4_groups
+        loaded.int4_groups = read_int4_groups(path, loaded.config)
+    if quantization in ("int8", "w8a8"):
+        from kvmap.model.smoothquant import calibration_ids
+        loaded.calibration_ids = calibration_ids(loaded.tokenizer, loaded.config.vocab_size)
     return loaded
 
 

@@ -4,7 +4,8 @@
     int8    W8A16: int8 weights, one symmetric scale per output channel;
             ``torch._weight_int8pack_mm`` (x in the compute dtype)
     w8a8    int8 weights as above and activations quantized per token at every product
-            (symmetric absmax); ``torch._int_mm`` (int8 x int8 -> int32), then both scales
+            (symmetric absmax); ``torch._int_mm`` (int8 x int8 -> int32), then both scales;
+            q|k|v and gate|up smoothed (SmoothQuant), down kept W8A16 (``smoothquant.py``)
     int4    int4 weights, asymmetric, one (scale, zero) per group of ``INT4_GROUP_SIZE``
             input channels of each output channel; ``_weight_int4pack_mm_for_cpu``
             (CPU only), w = (q - 8) * scale + zero
@@ -17,6 +18,8 @@ int4 there costs the most accuracy), the embedding stays in the compute dtype (a
 Math in pure functions (gpt-fast ``quantize.py`` style); the layers are in ``linear.py``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -63,10 +66,13 @@ def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations x (T, in) -> (q (T, in) int8, scale (T, 1) fp32), per-row absmax."""
-    scale = x.float().abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
-    return (x.float() / scale).round_().clamp_(-127, 127).to(torch.int8), scale
+def int8_per_token(x: torch.Tensor, in_scale: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations x (T, in) -> (q (T, in) int8, scale (T, 1) fp32), per-row absmax of
+    x, or of x * in_scale ((in,) fp32, SmoothQuant's 1 / s) when given."""
+    xf = x.float() if in_scale is None else x * in_scale          # fp32 either way
+    scale = xf.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+    return (xf / scale).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
 def int4_groups(w: torch.Tensor, group_size: int = INT4_GROUP_SIZE
@@ -88,3 +94,42 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     s = scale.repeat_interleave(group_size, 1)
     z = zero.repeat_interleave(group_size, 1)
     return (q.float() - 8) * s + z
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """A matrix in the engine's int4 format before packing: ``codes`` (out, in) int32 in
+    0..15, ``scale`` and ``zero`` (out, in / group_size) fp32, w = (q - 8) * scale + zero
+    per group of ``group_size`` input channels (:func:`dequantize_int4`)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    group_size: int = INT4_GROUP_SIZE
+
+    @staticmethod
+    def cat(parts: list["Int4Groups"]) -> "Int4Groups":
+        """Rows of ``parts`` stacked (the fused q|k|v and gate|up matrices)."""
+        sizes = {p.group_size for p in parts}
+        if len(sizes) != 1:
+            raise ValueError(f"int4 group sizes differ: {sorted(sizes)}")
+        return Int4Groups(torch.cat([p.codes for p in parts]),
+                          torch.cat([p.scale for p in parts]),
+                          torch.cat([p.zero for p in parts]), sizes.pop())
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_int4(self.codes, self.scale, self.zero, self.group_size)
+
+
+def int4_from_affine_blocks(d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor
+                            ) -> Int4Groups:
+    """llama.cpp's affine 4-bit blocks, w = d * q + m with q in 0..15 (Q4_1; Q4_0 is the
+    case m = -8 d), in the engine's convention w = (q - 8) * scale + zero: the same
+    codes, scale = d, zero = m + 8 d. Exact in fp32 (d and m are fp16); the layer's
+    only rounding is of scale and zero to its compute dtype. ``d``, ``m``: (out, G);
+    ``codes``: (out, G * 32)."""
+    d32, m32 = d.float(), m.float()
+    if codes.shape[1] != d.shape[1] * INT4_GROUP_SIZE:
+        raise ValueError(f"{codes.shape[1]} codes a row for {d.shape[1]} blocks of "
+                         f"{INT4_GROUP_SIZE}")
+    return Int4Groups(codes.to(torch.int32), d32, m32 + 8 * d32)

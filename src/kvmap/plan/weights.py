@@ -16,7 +16,8 @@ vLLM's fp8 / int8 / AWQ / GPTQ checkpoints. Per linear weight of ``out x in``:
 :func:`engine_weight_bytes` is what kvmap's own engine holds for ``LLM(quantization=...)``
 (``LlamaModel.weight_bytes``), to the byte: there the norms are folded into the
 matrices (one fp32 final norm stays), the output head is int8 per channel under every
-quantized format, and w8a8 keeps fp32 weight scales.
+quantized format, w8a8 keeps fp32 weight scales and its down matrix in W8A16, and
+int8 and w8a8 keep SmoothQuant's 1 / s of q|k|v and gate|up.
 """
 from __future__ import annotations
 
@@ -88,12 +89,15 @@ def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
 
 
 def engine_weight_bytes(config, quantization: str | None = None,
-                        compute_bytes: int = BF16_BYTES) -> int:
+                        compute_bytes: int = BF16_BYTES, int4_from_gguf: bool = False) -> int:
     """Bytes of the weights kvmap's engine holds for ``LLM(quantization=...)`` with a
     compute dtype of ``compute_bytes`` a value: equal to ``LlamaModel.weight_bytes``.
     The four matrices of a layer in the format, the embedding in the compute dtype, one
     fp32 final norm, the head int8 per channel (scale in the compute dtype) when
-    quantized, else shared with a tied embedding."""
+    quantized, else shared with a tied embedding; int8 and w8a8 as ``model/smoothquant.py``
+    runs them (the smoothing 1 / s of q|k|v and gate|up; w8a8's down in W8A16). ``int4_from_gguf``: int4 matrices
+    read from a GGUF's Q4 blocks keep each layer's two RMSNorm weights (compute dtype)
+    beside them, unfolded."""
     per_format = {None: lambda o, i: o * i * compute_bytes,
                   "int8": lambda o, i: o * i + o * compute_bytes,
                   "w8a8": lambda o, i: o * i + o * 4,
@@ -107,7 +111,13 @@ def engine_weight_bytes(config, quantization: str | None = None,
     mats = [(qkv, h), (h, c.num_heads * d), (2 * c.intermediate_size, h),
             (h, c.intermediate_size)]
     layer = sum(per_format[quantization](o, i) for o, i in mats)
+    if quantization == "w8a8":     # down is W8A16; q|k|v, gate|up keep 1/s (fp32, in,)
+        o, i = mats[3]
+        layer += per_format["int8"](o, i) - per_format["w8a8"](o, i) + 2 * h * 4
+    elif quantization == "int8":   # q|k|v, gate|up keep 1/s (compute dtype, in,)
+        layer += 2 * h * compute_bytes
     layer += qkv * compute_bytes if c.attention_bias else 0
+    layer += 2 * h * compute_bytes if int4_from_gguf and quantization == "int4" else 0
     if quantization:
         head = V * h + V * compute_bytes
     else:
