@@ -4,16 +4,22 @@ enough that all B sequences stay resident (72 MiB, or more when B does not fit i
 
 Per spec and batch: median seconds of a decode step (>= 5 steps, the specs alternating
 step by step so that load changes fall on all of them), its ratio to bf16's, and
-operators per decode step (``bench.probes.decode_ops``: deterministic). The load average
-is recorded before and after.
+operators per decode step (``bench.probes.decode_ops``: deterministic), and the mean
+slots each sequence holds over the timed steps (a selection policy such as
+``h2o(budget=256)`` holds fewer than the full cache: compare at equal resident tokens).
+The load average is recorded before and after.
 
-    .venv/bin/python benchmarks/decode_step.py [--kv bf16,int8,int4] [--batch 16,32]
-        [--context 264] [--steps 7] [--threads 2]
+    .venv/bin/python benchmarks/decode_step.py [--kv "bf16,int8,int4,h2o(budget=256)"]
+        [--batch 16,32] [--context 264] [--steps 7] [--threads 2]
+
+Specs are separated by commas outside parentheses (``int8+h2o(budget=256,decode_every=8)``
+is one spec).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -67,7 +73,7 @@ def main() -> None:
     ap.add_argument("--label", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    specs = [s.strip() for s in args.kv.split(",")]
+    specs = [s.strip() for s in re.split(r",(?![^()]*\))", args.kv)]
     batches = [int(b) for b in args.batch.split(",")]
     load_before = os.getloadavg()
     metrics: dict = {}
@@ -80,11 +86,13 @@ def main() -> None:
         reqs = {s: start_batch(llm, batch, args.context, args.steps, seed=batch)
                 for s, llm in llms.items()}
         times: dict[str, list[float]] = {s: [] for s in specs}
+        slots: dict[str, list[float]] = {s: [] for s in specs}
         for i in range(args.steps + 1):               # the first round is a warm-up
             for s in specs:
                 t = timed_step(llms[s], batch)
                 if i:
                     times[s].append(t)
+                    slots[s].append(statistics.mean(r.num_kv_slots for r in reqs[s]))
         for s in specs:
             finish(llms[s], reqs[s])
         base = statistics.median(times[specs[0]])
@@ -92,9 +100,11 @@ def main() -> None:
             med = statistics.median(times[s])
             metrics[f"b{batch}.{s}"] = {"step_s": med, "ratio_to_" + specs[0]: med / base,
                                         "num_ops_per_step": ops[s], "steps_s": times[s],
+                                        "resident_slots_mean": statistics.mean(slots[s]),
                                         "kv_memory_mib": mib}
             print(f"batch {batch:3d}  {s:6s}  step {med * 1e3:7.1f} ms  "
-                  f"x{med / base:.2f} {specs[0]}  ops/step {ops[s]}", flush=True)
+                  f"x{med / base:.2f} {specs[0]}  ops/step {ops[s]}  "
+                  f"slots/seq {statistics.mean(slots[s]):.0f}", flush=True)
         del llms
     load_after = os.getloadavg()
     print(f"load average before {load_before}, after {load_after}")

@@ -146,7 +146,7 @@ class Request:
         self.output_text = ""
         self.finish_reason: str | None = None
         self.evicted: bool = False          # a selection policy dropped some of its KV
-        self.policy_acc: list | None = None  # per-layer attention received (H2O-style)
+        self.policy_acc = None  # (layers, H, slots) attention received (H2O-style)
         # per-layer budgets: layer -> (first, end) slots a policy left empty (read only
         # while ``evicted``; see engine/policy_runner.py)
         self.kv_holes: dict | None = None

@@ -83,6 +83,7 @@ class PolicyRunner:
     def after_step(self, items: list[tuple[Request, int]], meta: AttentionMetadata) -> None:
         """``items`` as run (decodes first), with their counters already advanced."""
         decode_row, prefill_idx = 0, 0
+        step_scores = self._decode_scores(meta)
         for req, n in items:
             is_decode = decode_row < meta.num_decode
             where = decode_row if is_decode else prefill_idx
@@ -90,7 +91,7 @@ class PolicyRunner:
                 decode_row += 1
             else:
                 prefill_idx += 1
-            self._accumulate(req, meta, is_decode, where)
+            self._accumulate(req, meta, is_decode, where, step_scores)
             budget = self.budget(req)
             paged = self.offload is not None and self.offload.num_offloaded(req) > 0
             over = (self.offload.num_slots(req) if paged else req.num_kv_slots) - budget
@@ -106,21 +107,35 @@ class PolicyRunner:
             if due:
                 self._compress(req, budget, meta, is_decode, where)
 
+    def _decode_scores(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """The decode rows' attention of this step, all layers at once, (num_layers, B,
+        H, L) fp32 (one operator, so that a request's accumulation is a few operators
+        whatever the number of layers); None when nothing accumulates or the layers'
+        key counts differ (per-layer block tables)."""
+        if not (self.policy.needs_accumulated_attention and meta.num_decode):
+            return None
+        per_layer = [meta.scores[layer].decode for layer in range(self.num_layers)]
+        if len({t.shape for t in per_layer}) > 1:
+            return None
+        return torch.stack(per_layer)
+
     def _accumulate(self, req: Request, meta: AttentionMetadata, is_decode: bool,
-                    where: int) -> None:
+                    where: int, step_scores: torch.Tensor | None) -> None:
+        """Adds this step's attention to ``req.policy_acc`` (num_layers, H, L_now)."""
         if not self.policy.needs_accumulated_attention:
             return
-        acc = req.policy_acc or [None] * self.num_layers
-        for layer in range(self.num_layers):
-            stats = meta.scores[layer]
-            new = (stats.decode[where, :, :req.num_kv_slots] if is_decode
-                   else stats.accumulated[where])                         # (H, L_now)
-            old = acc[layer]
-            if old is not None:
-                new = new.clone()
-                new[:, :old.shape[1]] += old
-            acc[layer] = new
-        req.policy_acc = acc
+        L = req.num_kv_slots
+        if is_decode and step_scores is not None:
+            new = step_scores[:, where, :, :L]                            # (layers, H, L)
+        else:
+            new = torch.stack([meta.scores[layer].decode[where, :, :L] if is_decode
+                               else meta.scores[layer].accumulated[where]
+                               for layer in range(self.num_layers)])
+        old = req.policy_acc
+        if old is not None:
+            new = new.clone()
+            new[..., :old.shape[-1]] += old
+        req.policy_acc = new
 
     def _save_evicted(self, req: Request) -> None:
         """Soft eviction: before compaction rewrites or frees them, the sequence's
@@ -150,7 +165,7 @@ class PolicyRunner:
         acc = req.policy_acc
         # a preempted request restarts with evicted=False: its old holes no longer apply
         holes = (req.kv_holes if req.evicted else None) or {}
-        new_holes = {}
+        new_holes, kept_accs = {}, []
         for layer, layer_budget in enumerate(self.layer_budgets(req)):
             k, v = self._read_layer(req, layer, L)
             window = None
@@ -158,7 +173,7 @@ class PolicyRunner:
                 stats = meta.scores[layer]
                 window = (stats.decode[where, :, None, :L] if is_decode
                           else stats.window.get(where))
-            layer_acc = acc[layer] if acc else None
+            layer_acc = acc[layer] if acc is not None else None
             if layer in holes:                    # score only the slots the layer holds
                 first, end = holes[layer]
                 valid = torch.cat([torch.arange(first, device=k.device),
@@ -173,9 +188,11 @@ class PolicyRunner:
             if layer_acc is not None:
                 kept_acc = torch.zeros(layer_acc.shape[0], budget, device=layer_acc.device)
                 kept_acc[:, :kept.shape[1]] = torch.gather(layer_acc, 1, kept)
-                acc[layer] = kept_acc
+                kept_accs.append(kept_acc)
             if kept.shape[1] < budget:
                 new_holes[layer] = (kept.shape[1], budget)
+        if kept_accs:
+            req.policy_acc = torch.stack(kept_accs)                   # (layers, H, budget)
         req.kv_holes = new_holes or None
         req.block_ids = release_blocks(self.kv, req.block_ids, dst)
         if self.offload is not None:

@@ -12,10 +12,12 @@ Three ways in, by codec:
   straight into heads-first order through an index built once per step
   (``kvmap.kv.codecs.rows``; a gather of blocks then a permuting copy would be two
   passes) -> ``DenseKV``;
-- one scale per token and head (int8, fp8 by default; per head / tensor / static
-  ranges): codes and their map (``codec.read_scaled``), the codes converted to the
-  compute dtype in the copy that lays them out heads first, the scales applied to the
-  small scores and probabilities (L per query instead of L * D values) -> ``FoldedKV``:
+- one scale per token and head (int8, fp8 by default; per head / tensor): codes and
+  their map heads first through the same row index (``codec.read_rows_scaled``), the
+  codes converted to the compute dtype in one contiguous pass, the scales applied to
+  the small scores and probabilities (L per query instead of L * D values)
+  -> ``FoldedKV`` of ``SlotOperand``; a per-layer (static) map comes from the block
+  read (``codec.read_scaled``) -> ``FoldedKV`` of ``ScaledOperand``:
 
       per token:  scores[l] = s[l] (q . y[l]) + b[l] sum(q)
                   out       = (probs * s) @ y + probs @ b
@@ -24,8 +26,9 @@ Three ways in, by codec:
 
 - scales per group of channels (int4, int2 by default): folding would cost one product
   per group, so ``codec.read_rows`` gathers the batch's codes and scales heads first
-  the same way and decodes them in fp32 over contiguous tensors, rounding once: the arithmetic of
-  ``codec.read``, the same values -> ``DecodedKV``.
+  the same way and decodes them in fp32 over contiguous tensors (unpack as uint8,
+  convert, multiply, add the per-group shift that holds the grid's offset, cast):
+  the arithmetic of ``codec.read``, the same values -> ``DecodedKV``.
 
 A codec whose map varies over tokens and channels at once (KIVI keys, per-block channel
 ranges) has neither form and gets ``DenseKV`` over ``codec.read``. Which path is
@@ -49,14 +52,21 @@ def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads
     ``rows``: the batch's heads-first row index (built here when not given; attention
     builds it once per step for all layers)."""
     B = table.shape[0]
-    if FUSED and not _folds(codec):
+    if FUSED:
         if rows is None:
             block_size = next(iter(store.blocks.values())).shape[1]
             rows = HeadRows.of(table, block_size, num_kv_heads)
-        kv = codec.read_rows(store, rows)
-        if kv is not None:
-            k, v = (x.view(num_kv_heads * B, rows.num_keys, -1) for x in kv)
-            return DenseKV(k, v) if isinstance(codec, PlainCodec) else DecodedKV(k, v)
+        if _folds(codec):
+            scaled = codec.read_rows_scaled(store, rows)
+            if scaled is not None and all(SlotOperand.fits(x, rows) for x in scaled):
+                dtype = store.state["compute_dtype"]
+                return FoldedKV(SlotOperand(scaled[0], B, dtype),
+                                SlotOperand(scaled[1], B, dtype))
+        else:
+            kv = codec.read_rows(store, rows)
+            if kv is not None:
+                k, v = (x.view(num_kv_heads * B, rows.num_keys, -1) for x in kv)
+                return DenseKV(k, v) if isinstance(codec, PlainCodec) else DecodedKV(k, v)
     ids = table.reshape(-1)
     scaled = codec.read_scaled(store, ids) if FUSED else None
     if scaled is None:
@@ -121,81 +131,85 @@ class FoldedKV(CodesKV):
         return self.v.values(probs)
 
 
+class SlotOperand:
+    """Codes heads first with one scale (and bias) per slot and head, as the row read
+    gives them (``codec.read_rows_scaled``): y (H*B, L, D) in the compute dtype (one
+    contiguous conversion), scale and bias (H*B, 1, L) fp32 applied to the scores and
+    probabilities:
+
+        scores = (q . y) * s + sum(q) b          out = (probs * s) @ y + probs . b
+    """
+
+    def __init__(self, read: ScaledRead, B: int, dtype: torch.dtype):
+        H, BL, D = read.y.shape
+        L = BL // B
+        self.dtype = dtype
+        self.y = read.y.to(dtype).view(H * B, L, D)
+        self.scale = read.scale.view(H * B, 1, L)
+        self.bias = None if read.bias is None else read.bias.view(H * B, 1, L)
+
+    @staticmethod
+    def fits(read: ScaledRead, rows: HeadRows) -> bool:
+        """Whether ``read`` has one map per slot and head (not per group, not per layer)."""
+        shape = (rows.num_heads, rows.num_seqs * rows.num_keys, 1)
+        return tuple(read.scale.shape) == shape and (
+            read.bias is None or tuple(read.bias.shape) == shape)
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        """q (H*B, Gq, D) in the compute dtype -> (H*B, Gq, L) in the compute dtype."""
+        s = torch.bmm(q, self.y.transpose(1, 2)).float().mul_(self.scale)
+        if self.bias is not None:
+            s.baddbmm_(q.float().sum(-1, keepdim=True), self.bias)
+        return s.to(self.dtype)
+
+    def values(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs (H*B, Gq, L) -> (H*B, Gq, D) in the compute dtype."""
+        pf = probs.float()
+        o = torch.bmm((pf * self.scale).to(self.dtype), self.y)
+        if self.bias is None:
+            return o
+        shift = torch.bmm(pf, self.bias.transpose(1, 2))                   # (H*B, Gq, 1)
+        return o.float().add_(shift).to(self.dtype)
+
+
 class ScaledOperand:
-    """Codes y (H*B, L, D) in the compute dtype and their map, either per token
-    (``scale``/``bias`` (H*B, L, G) fp32) or per channel for all tokens
-    (``scale``/``bias`` (H, 1, 1, D) fp32)."""
+    """Codes y (H*B, L, D) in the compute dtype and one map per channel for all tokens
+    (``scale``/``bias`` (H, 1, 1, D) fp32): a per-layer (static) range, which the block
+    read gives (``codec.read_scaled``); per-slot maps go through :class:`SlotOperand`."""
 
     def __init__(self, read: ScaledRead, B: int, num_kv_heads: int, dtype: torch.dtype):
+        if read.per_token:
+            raise ValueError("ScaledOperand: a per-token map belongs in SlotOperand "
+                             "(codec.read_rows_scaled)")
         H = num_kv_heads
         self.H, self.dtype = H, dtype
         self.y = heads_first(read.y, B, dtype)                      # (H*B, L, D)
-        D = self.y.shape[-1]
-        self.G = read.scale.shape[-1]
-        self.g = D // self.G
-        self.per_token = read.per_token
-        if self.per_token:
-            N, bs = read.y.shape[:2]
-            L = self.y.shape[1]
+        G = read.scale.shape[-1]
+        g = self.y.shape[-1] // G
 
-            def layout(p):                       # (N|1, bs|1, Hp, G) -> (H*B, L, G)
-                p = p.expand(N, bs, *p.shape[2:]).reshape(B, L, -1, self.G)
-                return p.expand(B, L, H, self.G).permute(2, 0, 1, 3).reshape(H * B, L, self.G)
-            self.scale = layout(read.scale)
-            self.bias = None if read.bias is None else layout(read.bias)
-        else:
-            def channels(p):                     # (1, 1, Hp, G) -> (H, 1, 1, D)
-                p = p.reshape(-1, self.G).expand(H, self.G)
-                return p.repeat_interleave(self.g, dim=-1)[:, None, None, :]
-            self.scale = channels(read.scale)
-            self.bias = None if read.bias is None else channels(read.bias)
-
-    def _group(self, i: int) -> slice:
-        return slice(i * self.g, (i + 1) * self.g)
+        def channels(p):                         # (1, 1, Hp, G) -> (H, 1, 1, D)
+            p = p.reshape(-1, G).expand(H, G)
+            return p.repeat_interleave(g, dim=-1)[:, None, None, :]
+        self.scale = channels(read.scale)
+        self.bias = None if read.bias is None else channels(read.bias)
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
         """q (H*B, Gq, D) in the compute dtype -> (H*B, Gq, L) in the compute dtype."""
         HB, Gq, D = q.shape
-        if not self.per_token:
-            qh = q.view(self.H, -1, Gq, D).float()
-            qs = (qh * self.scale).to(self.dtype).view(HB, Gq, D)
-            s = torch.bmm(qs, self.y.transpose(1, 2))
-            if self.bias is None:
-                return s
-            return (s.float() + (qh * self.bias).sum(-1).view(HB, Gq, 1)).to(self.dtype)
-        if self.G == 1:
-            s = torch.bmm(q, self.y.transpose(1, 2)).float().mul_(self.scale.transpose(1, 2))
-        else:
-            s = None
-            for i in range(self.G):
-                gi = self._group(i)
-                part = torch.bmm(q[..., gi], self.y[..., gi].transpose(1, 2)).float()
-                part.mul_(self.scale[:, None, :, i])
-                s = part if s is None else s.add_(part)
-        if self.bias is not None:
-            qsum = q.float().view(HB, Gq, self.G, self.g).sum(-1)          # (H*B, Gq, G)
-            s.baddbmm_(qsum, self.bias.transpose(1, 2))
-        return s.to(self.dtype)
+        qh = q.view(self.H, -1, Gq, D).float()
+        qs = (qh * self.scale).to(self.dtype).view(HB, Gq, D)
+        s = torch.bmm(qs, self.y.transpose(1, 2))
+        if self.bias is None:
+            return s
+        return (s.float() + (qh * self.bias).sum(-1).view(HB, Gq, 1)).to(self.dtype)
 
     def values(self, probs: torch.Tensor) -> torch.Tensor:
         """probs (H*B, Gq, L) -> (H*B, Gq, D) in the compute dtype."""
         HB, Gq, L = probs.shape
         D = self.y.shape[-1]
-        if not self.per_token:
-            o = torch.bmm(probs.to(self.dtype), self.y).float().view(self.H, -1, Gq, D)
-            o.mul_(self.scale)
-            if self.bias is not None:
-                psum = probs.float().sum(-1).view(self.H, -1, Gq, 1)
-                o.add_(psum * self.bias)
-            return o.view(HB, Gq, D).to(self.dtype)
-        pf = probs.float()
-        if self.G == 1:
-            o = torch.bmm((pf * self.scale.transpose(1, 2)).to(self.dtype), self.y)
-        else:
-            o = torch.cat([torch.bmm((pf * self.scale[:, None, :, i]).to(self.dtype),
-                                     self.y[..., self._group(i)]) for i in range(self.G)], -1)
-        if self.bias is None:
-            return o
-        shift = torch.bmm(pf, self.bias)                                  # (H*B, Gq, G)
-        o = o.float().view(HB, Gq, self.G, self.g).add_(shift[..., None])
+        o = torch.bmm(probs.to(self.dtype), self.y).float().view(self.H, -1, Gq, D)
+        o.mul_(self.scale)
+        if self.bias is not None:
+            psum = probs.float().sum(-1).view(self.H, -1, Gq, 1)
+            o.add_(psum * self.bias)
         return o.view(HB, Gq, D).to(self.dtype)

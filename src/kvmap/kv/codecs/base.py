@@ -146,6 +146,13 @@ class Codec(Options):
         no such form (``read`` is then the way in)."""
         return None
 
+    def read_rows_scaled(self, store: LayerStore, rows: HeadRows
+                         ) -> tuple[ScaledRead, ScaledRead] | None:
+        """``read_scaled`` of a decode batch heads first: codes y (H, B*L, D) and their
+        map (H, B*L, G) per slot or (Hp, 1, G) per layer; None when this codec has no
+        such form."""
+        return None
+
     # ---- accounting ----------------------------------------------------------------
     def block_bytes(self, geom: KVGeometry, compute_dtype: torch.dtype = torch.bfloat16) -> int:
         """Exact bytes of one block across all layers, from a one-block meta allocation."""

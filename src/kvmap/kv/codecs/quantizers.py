@@ -107,6 +107,16 @@ class TensorQuant:
         q = rows.gather(store.blocks[f"{self.prefix}.q"])                 # (H, B*L, Ds)
         return dequantize(q, *params, self.grid, dtype)
 
+    def read_rows_scaled(self, store: LayerStore, rows: HeadRows, dtype: torch.dtype
+                         ) -> ScaledRead | None:
+        """``read_scaled`` of the slots of ``rows``, heads first: y (H, B*L, D) and the
+        map (H, B*L, G) per slot, or (Hp, 1, G) per layer; None as for ``read_rows``."""
+        params = self.row_params(store, rows)
+        if params is None:
+            return None
+        q = rows.gather(store.blocks[f"{self.prefix}.q"])                 # (H, B*L, Ds)
+        return self._scaled(q, *params, dtype)
+
     # ---- where the parameters live: one override each ---------------------------------
     def write_params(self, store, slot_ids, xv):
         raise NotImplementedError

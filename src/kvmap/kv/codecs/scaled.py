@@ -95,6 +95,14 @@ class QuantCodec(Codec):
         v = None if k is None else self.quant["v"].read_scaled(store, block_ids, dtype)
         return None if v is None else (k, v)
 
+    def read_rows_scaled(self, store: LayerStore, rows: HeadRows
+                         ) -> tuple[ScaledRead, ScaledRead] | None:
+        """``read_scaled`` of a decode batch's slots heads first (``TensorQuant``)."""
+        dtype = store.state["compute_dtype"]
+        k = self.quant["k"].read_rows_scaled(store, rows, dtype)
+        v = None if k is None else self.quant["v"].read_rows_scaled(store, rows, dtype)
+        return None if v is None else (k, v)
+
 
 class ScaledCodec(QuantCodec):
     """An int or fp8 codec with the options above; subclasses override ``grid()``."""
