@@ -120,7 +120,9 @@ class Scheduler:
             if num_new == 0:
                 continue
             while not self._allocate_slots(req, num_new):
-                if self._page_out(req, num_new):
+                # its own front first, then the other paged sequences' (they read theirs
+                # back anyway), and only then recompute someone
+                if self._page_out(req, num_new) or self._page_out_paged(req, num_new):
                     continue
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -280,3 +280,30 @@ def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
     assert most_paged == 2
     assert [r.output_token_ids for r in reqs] == alone
     assert pager.seqs == {} and paging(llm)["num_page_faults"] == 0
+
+
+@pytest.mark.parametrize("pool_blocks, page_blocks", [(16, 4), (20, 4), (24, 8)])
+def test_a_running_sequence_short_of_blocks_pages_the_others_before_preempting(
+        pool_blocks, page_blocks):
+    """Pages of several blocks and a chunk of half the pool (the real model's shape: 16
+    of 64 blocks, chunks of 32): the second sequence, short of blocks at its next chunk
+    once its own front is out, pages the first one's front instead of being preempted
+    (and recomputed, again and again, until the first one finished)."""
+    prompts = random_prompts([128, 128], seed=5)
+    chunk = pool_blocks // 2 * BS
+    spec = f"fp32+tiers(host=4MiB,prefetch=window,page_blocks={page_blocks})"
+    alone = [make_tiny_llm(kv=spec, num_blocks=pool_blocks, block_size=BS,
+                           max_num_batched_tokens=chunk).generate([p], GREEDY)[0].token_ids
+             for p in prompts]
+    llm = make_tiny_llm(kv=spec, num_blocks=pool_blocks, block_size=BS,
+                        max_num_batched_tokens=chunk)
+    engine, pager = llm.engine, llm.engine.store.pager
+    reqs = [engine.add_request(p, GREEDY) for p in prompts]
+    most_paged = 0
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_integrity()
+        most_paged = max(most_paged, sum(pager.is_paged(r) for r in reqs if not r.status.finished))
+    assert [r.metrics.num_preemptions for r in reqs] == [0, 0]
+    assert most_paged == 2
+    assert [r.output_token_ids for r in reqs] == alone
