@@ -263,13 +263,9 @@ def test_tiers_too_small_for_the_pages_abort_not_wrong_tokens():
     llm.engine.close()
 
 
-def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
-    """Two prompts, each larger than the pool, run together: both are paged at once
-    (no longer refused) and each gives the tokens it gives alone, with no page left."""
-    prompts = [PROMPT, random_prompts([80], seed=4)[0]]
-    alone = [paged_llm().generate([p], GREEDY)[0].token_ids for p in prompts]
-    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,prefetch=window,page_blocks=2)",
-                        num_blocks=16, block_size=BS, max_num_batched_tokens=CHUNK)
+def run_together(llm, prompts):
+    """Run ``prompts`` at once, checking the pool after every step; returns the requests
+    and the most of them paged at the same time."""
     engine, pager = llm.engine, llm.engine.store.pager
     reqs = [engine.add_request(p, GREEDY) for p in prompts]
     most_paged = 0
@@ -277,9 +273,20 @@ def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
         engine.step()
         engine.check_integrity()
         most_paged = max(most_paged, sum(pager.is_paged(r) for r in reqs if not r.status.finished))
+    return reqs, most_paged
+
+
+def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
+    """Two prompts, each larger than the pool, run together: both are paged at once
+    (no longer refused) and each gives the tokens it gives alone, with no page left."""
+    prompts = [PROMPT, random_prompts([80], seed=4)[0]]
+    alone = [paged_llm().generate([p], GREEDY)[0].token_ids for p in prompts]
+    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB,prefetch=window,page_blocks=2)",
+                        num_blocks=16, block_size=BS, max_num_batched_tokens=CHUNK)
+    reqs, most_paged = run_together(llm, prompts)
     assert most_paged == 2
     assert [r.output_token_ids for r in reqs] == alone
-    assert pager.seqs == {} and paging(llm)["num_page_faults"] == 0
+    assert llm.engine.store.pager.seqs == {} and paging(llm)["num_page_faults"] == 0
 
 
 @pytest.mark.parametrize("pool_blocks, page_blocks", [(16, 4), (20, 4), (24, 8)])
@@ -297,13 +304,7 @@ def test_a_running_sequence_short_of_blocks_pages_the_others_before_preempting(
              for p in prompts]
     llm = make_tiny_llm(kv=spec, num_blocks=pool_blocks, block_size=BS,
                         max_num_batched_tokens=chunk)
-    engine, pager = llm.engine, llm.engine.store.pager
-    reqs = [engine.add_request(p, GREEDY) for p in prompts]
-    most_paged = 0
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_integrity()
-        most_paged = max(most_paged, sum(pager.is_paged(r) for r in reqs if not r.status.finished))
+    reqs, most_paged = run_together(llm, prompts)
     assert [r.metrics.num_preemptions for r in reqs] == [0, 0]
     assert most_paged == 2
     assert [r.output_token_ids for r in reqs] == alone
