@@ -29,7 +29,9 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,11 +92,30 @@ def run_cell_task(cell_dict: dict) -> dict:
     """The body of a cell's Ray task, on its worker: the cell in a child process, in a
     temporary directory; returns its record, rows, log and node."""
     cell = CellSpec.from_dict(cell_dict)
-    with tempfile.TemporaryDirectory(prefix="kvmap-cell-") as tmp:
+    with _cancellable(), tempfile.TemporaryDirectory(prefix="kvmap-cell-") as tmp:
         log_path = Path(tmp) / "cell.log"
         record, rows = run_cell_subprocess(cell, Path(tmp), log_path)
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
     return {"record": record, "rows": rows, "log": log, "node": platform.node()}
+
+
+class _cancellable:
+    """Python's SIGINT handler around a task body while SIGINT is ignored: ``ray.cancel``
+    raises KeyboardInterrupt in a running task through ``_thread.interrupt_main``, which
+    does nothing where SIGINT is SIG_IGN -- and a worker inherits SIG_IGN when the driver
+    was started with SIGINT ignored (a background job of a non-interactive shell), so a
+    cancelled cell would run on to its end."""
+
+    def __enter__(self):
+        self.previous = None
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+            self.previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
