@@ -121,13 +121,17 @@ def test_row_read_equals_block_read(case, dtype, static_path):  # noqa: F811
         assert torch.equal(x.view(-1, rows.num_keys, GEOM.head_dim), qa.heads_first(ref, B))
 
 
-def test_head_rows_index_and_bad_head_count():
-    """Row (h, b*L + l) of a gather is the value at slot(b, l), head h; a tensor whose
-    head count is neither 1 nor H is refused by name."""
+@pytest.mark.parametrize("width", [2, 32], ids=["blocks-first", "rows"])
+def test_head_rows_index_and_bad_head_count(width):
+    """Row (h, b*L + l) of a gather is the value at slot(b, l), head h, whichever order
+    it gathers in (int64 rows of 16 bytes go blocks first, of 256 bytes row by row);
+    a tensor whose head count is neither 1 nor H is refused by name."""
     from kvmap.kv.codecs import HeadRows
+    from kvmap.kv.codecs.rows import BLOCK_FIRST_BELOW
+    assert (width * 8 < BLOCK_FIRST_BELOW) == (width == 2)
     bs, H = GEOM.block_size, GEOM.num_kv_heads
     rows = HeadRows.of(TABLE, bs, H)
-    t = torch.arange(NUM_BLOCKS * bs * H * 2).view(NUM_BLOCKS, bs, H, 2)
+    t = torch.arange(NUM_BLOCKS * bs * H * width).view(NUM_BLOCKS, bs, H, width)
     got = rows.gather(t)                                      # (H, B*L, 2)
     L = TABLE.shape[1] * bs
     for b in range(TABLE.shape[0]):
@@ -138,4 +142,4 @@ def test_head_rows_index_and_bad_head_count():
     shared = rows.gather(t[:, :, :1])
     assert torch.equal(shared[H - 1, L + 5], t[TABLE[1, 0], 5, 0])
     with pytest.raises(ValueError, match=f"{H + 1} heads per slot"):
-        rows.gather(torch.zeros(NUM_BLOCKS, bs, H + 1, 2))
+        rows.gather(torch.zeros(NUM_BLOCKS, bs, H + 1, width))
