@@ -10,7 +10,7 @@ It uses only the packages found on the machine (it never installs; such a machin
 no network). Each stage has its own time budget and is skipped, with the reason in the
 record, when it does not fit or a package is missing.
 
-    python benchmarks/gpu_check.py [--out FILE] [--budget-s 290]
+    python benchmarks/gpu_check.py [--budget-s 290]     # record: benchmarks/results/gpu_check-*.json
     python benchmarks/gpu_check.py --dry-run     # CPU: the same stages on dummy:tiny
 """
 from __future__ import annotations
