@@ -7,7 +7,9 @@ Measures (median of --repeats runs each):
   decode    tokens/s at batch 1 (128 new tokens after a short prompt): our bf16 weights
             and each --formats weight quantization (``LLM(quantization=...)``), rounds
             alternating over the formats, each as a ratio to our bf16 and against its
-            bandwidth bound (bytes read per step over the copy bandwidth of this run)
+            bandwidth bound (bytes read per step over the read bandwidth of this run:
+            the faster of two probes right before and right after these rows; a
+            copy's read + write rate swung 46-83 GB/s between two quiet runs)
   batch     output tokens/s for 32 requests of ~200 prompt and 200 output tokens
             (ours: continuous batching; transformers: one padded batched generate)
   llama.cpp prefill and batch-1 decode from ``llama-server``'s own timings
@@ -33,7 +35,7 @@ from llamacpp_peer import LlamaServer, llama_server_binary  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.model.loader import embedded_model_path  # noqa: E402
-from kvmap.plan.sim.calibrate import copy_bandwidth  # noqa: E402
+from kvmap.plan.sim.calibrate import copy_bandwidth, read_bandwidth  # noqa: E402
 from kvmap.workloads.corpus import corpus_text  # noqa: E402
 
 FORMATS = ("int8", "w8a8", "int4")
@@ -144,7 +146,8 @@ def hf_rows(llm, hf, long_prompt, short_prompt, batch_prompts, n, repeats) -> di
 def format_metrics(llms, decode, bandwidth, llamacpp) -> dict:
     base = decode[None]
     out = {}
-    print(f"\nbatch-1 decode by weight format (copy bandwidth {bandwidth / 1e9:.1f} GB/s)")
+    print(f"\nbatch-1 decode by weight format (read bandwidth {bandwidth / 1e9:.1f} GB/s: "
+          "the faster of two probes around these rows)")
     print(f"{'weights':8s} {'tok/s':>8s} {'vs bf16':>8s} {'target':>7s} {'MB/step':>8s} "
           f"{'bound':>7s} {'of bound':>8s}")
     for q, llm in llms.items():
@@ -227,16 +230,22 @@ def main() -> None:
     rows = hf_rows(llm, hf, None if args.decode_only else long_prompt, short_prompt,
                    None if args.decode_only else batch_prompts,
                    (n_prefill, n_decode, n_req, n_out), args.repeats)
+    read_before = read_bandwidth()
     decode = decode_rows(llms, short_prompt, n_decode, args.repeats)
+    read_after = read_bandwidth()
     rows["decode_tokens_per_s_batch1"] = (decode[None], rows["decode_tokens_per_s_batch1"][1])
-    bandwidth = copy_bandwidth()
+    # the bound: the faster of two read-bandwidth probes around the decode rows (a probe
+    # that caught a burst of load must not lower the bar); copy bandwidth recorded beside
+    bandwidth = max(read_before, read_after)
     llamacpp = llamacpp_rows(args.threads, long_prompt, short_prompt, n_decode,
                              args.repeats, args.decode_only)
 
     metrics = print_hf(rows, args.repeats)
     metrics["weight_formats_decode_batch1"] = format_metrics(llms, decode, bandwidth, llamacpp)
     metrics["llamacpp"] = llamacpp
-    metrics["copy_bandwidth_bytes_per_s"] = bandwidth
+    metrics["read_bandwidth_bytes_per_s"] = {"before_decode": read_before,
+                                             "after_decode": read_after, "bound": bandwidth}
+    metrics["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
     if "prefill_tokens_per_s" in rows:
         peak = matmul_gflops(torch.bfloat16)
         flops_per_token = 2 * llm.engine.model.config.num_params   # dense matmuls, approx.

@@ -105,6 +105,20 @@ def copy_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return 2 * num_bytes / _mean_s(lambda: dst.copy_(src), repeats)
 
 
+def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes read per second by a sum over ``num_bytes`` of int64 (a stream of reads with
+    no writes, as a decode step's matrix products read their weights); the median of
+    ``repeats`` after a warm-up."""
+    x = torch.ones(num_bytes // 8, dtype=torch.int64)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t0)
+    return num_bytes / statistics.median(times)
+
+
 def decode_step_s(num_layers: int, batch: int = 1, dtype: str = "bf16", num_tokens: int = 17,
                   repeats: int = 3) -> float:
     """Median decode step of the engine on a random tiny model with ``num_layers`` layers,
