@@ -1,6 +1,6 @@
 """Shared plumbing for benchmark scripts: timing medians, the machine's matmul rate,
-and the self-describing JSON record (schema version, git sha, environment, config,
-metrics) written under benchmarks/results/."""
+and the self-describing JSON record (schema version, git sha, the code that ran,
+environment, config, metrics) written under benchmarks/results/."""
 from __future__ import annotations
 
 import json
@@ -45,6 +45,30 @@ def git_sha() -> str:
         return "unknown"
 
 
+def code_state() -> dict:
+    """Which kvmap ran: the directory it was imported from (a worktree on PYTHONPATH is
+    not this script's checkout), that checkout's commit, and the tracked files under its
+    ``src/`` and ``benchmarks/`` with uncommitted changes. A record's figures are its
+    commit's only when that list is empty."""
+    import kvmap
+    src = Path(kvmap.__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.check_output(["git", *args], text=True, cwd=src,
+                                           stderr=subprocess.DEVNULL).rstrip("\n")
+        except (OSError, subprocess.CalledProcessError):
+            return None
+    top = git("rev-parse", "--show-toplevel")
+    changed = None
+    if top:
+        status = git("-C", top, "status", "--porcelain", "--untracked-files=no", "--",
+                     "src", "benchmarks")
+        changed = [line[3:] for line in (status or "").splitlines()]
+    return {"kvmap_path": str(src), "git_sha": git("rev-parse", "HEAD"),
+            "uncommitted": changed}
+
+
 def environment() -> dict:
     return {
         "python": platform.python_version(),
@@ -60,6 +84,7 @@ def environment() -> dict:
 def write_record(name: str, config: dict, metrics: dict) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     record = {"schema_version": SCHEMA_VERSION, "benchmark": name, "git_sha": git_sha(),
+              "code": code_state(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "environment": environment(), "config": config, "metrics": metrics}
     path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
