@@ -81,12 +81,23 @@ def environment() -> dict:
     }
 
 
+_AT_IMPORT: dict = {}     # the code when the script started (it imports this module first)
+
+
 def write_record(name: str, config: dict, metrics: dict) -> Path:
+    """The record of a run: ``git_sha`` and ``code`` as they were when the script
+    started; ``code_at_write`` too when a commit or an edit landed while it ran."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    record = {"schema_version": SCHEMA_VERSION, "benchmark": name, "git_sha": git_sha(),
-              "code": code_state(),
+    start = _AT_IMPORT or {"git_sha": git_sha(), "code": code_state()}
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": name, **start,
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "environment": environment(), "config": config, "metrics": metrics}
+    now = code_state()
+    if now != start["code"]:
+        record["code_at_write"] = now
     path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=2))
     return path
+
+
+_AT_IMPORT.update(git_sha=git_sha(), code=code_state())

@@ -43,3 +43,24 @@ def test_record_names_the_imported_checkout_and_its_changes(tmp_path):
     (repo / "README").write_text("y\n")                  # tracked, elsewhere: not
     (pkg / "new.py").write_text("")                      # untracked: not
     assert state()["uncommitted"] == ["src/kvmap/__init__.py"]
+
+
+def test_record_keeps_the_code_of_the_start(tmp_path, monkeypatch):
+    """A commit that lands while a benchmark runs does not rename its record's code:
+    ``git_sha`` / ``code`` are the start's, ``code_at_write`` says what changed."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    start = {"git_sha": "a" * 40, "code": {"kvmap_path": "/x", "git_sha": "a" * 40,
+                                          "uncommitted": []}}
+    monkeypatch.setattr(common, "_AT_IMPORT", start)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    later = {"kvmap_path": "/x", "git_sha": "b" * 40, "uncommitted": []}
+    monkeypatch.setattr(common, "code_state", lambda: later)
+    record = json.loads(common.write_record("probe", {}, {}).read_text())
+    assert record["git_sha"] == "a" * 40 and record["code"] == start["code"]
+    assert record["code_at_write"] == later
+    monkeypatch.setattr(common, "code_state", lambda: start["code"])
+    assert "code_at_write" not in json.loads(common.write_record("p2", {}, {}).read_text())
