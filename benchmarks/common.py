@@ -36,13 +36,17 @@ def matmul_gflops(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: i
     return 2 * n ** 3 / t / 1e9
 
 
-def git_sha() -> str:
+def _git(cwd: Path, *args: str) -> str | None:
+    """``git args`` in ``cwd``: its output without the trailing newline, or None."""
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent,
-                                       stderr=subprocess.DEVNULL).strip()
+        return subprocess.check_output(["git", *args], text=True, cwd=cwd,
+                                       stderr=subprocess.DEVNULL).rstrip("\n")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return None
+
+
+def git_sha() -> str:
+    return _git(Path(__file__).parent, "rev-parse", "HEAD") or "unknown"
 
 
 def code_state() -> dict:
@@ -52,20 +56,13 @@ def code_state() -> dict:
     commit's only when that list is empty."""
     import kvmap
     src = Path(kvmap.__file__).resolve().parent
-
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.check_output(["git", *args], text=True, cwd=src,
-                                           stderr=subprocess.DEVNULL).rstrip("\n")
-        except (OSError, subprocess.CalledProcessError):
-            return None
-    top = git("rev-parse", "--show-toplevel")
+    top = _git(src, "rev-parse", "--show-toplevel")
     changed = None
     if top:
-        status = git("-C", top, "status", "--porcelain", "--untracked-files=no", "--",
-                     "src", "benchmarks")
+        status = _git(Path(top), "status", "--porcelain", "--untracked-files=no", "--",
+                      "src", "benchmarks")
         changed = [line[3:] for line in (status or "").splitlines()]
-    return {"kvmap_path": str(src), "git_sha": git("rev-parse", "HEAD"),
+    return {"kvmap_path": str(src), "git_sha": _git(src, "rev-parse", "HEAD"),
             "uncommitted": changed}
 
 

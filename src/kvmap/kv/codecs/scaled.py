@@ -90,17 +90,19 @@ class QuantCodec(Codec):
 
     def read_scaled(self, store: LayerStore, block_ids: torch.Tensor
                     ) -> tuple[ScaledRead, ScaledRead] | None:
-        dtype = store.state["compute_dtype"]
-        k = self.quant["k"].read_scaled(store, block_ids, dtype)
-        v = None if k is None else self.quant["v"].read_scaled(store, block_ids, dtype)
-        return None if v is None else (k, v)
+        return self._both("read_scaled", store, block_ids)
 
     def read_rows_scaled(self, store: LayerStore, rows: HeadRows
                          ) -> tuple[ScaledRead, ScaledRead] | None:
         """``read_scaled`` of a decode batch's slots heads first (``TensorQuant``)."""
+        return self._both("read_rows_scaled", store, rows)
+
+    def _both(self, method: str, store: LayerStore, where):
+        """K's quantizer's ``method(store, where, compute dtype)``, then V's: the pair, or
+        None when either has no such form (V is not read when K has none)."""
         dtype = store.state["compute_dtype"]
-        k = self.quant["k"].read_rows_scaled(store, rows, dtype)
-        v = None if k is None else self.quant["v"].read_rows_scaled(store, rows, dtype)
+        k = getattr(self.quant["k"], method)(store, where, dtype)
+        v = None if k is None else getattr(self.quant["v"], method)(store, where, dtype)
         return None if v is None else (k, v)
 
 
@@ -138,10 +140,7 @@ class ScaledCodec(QuantCodec):
         super().validate()
 
     def read_rows(self, store: LayerStore, rows: HeadRows):
-        dtype = store.state["compute_dtype"]
-        k = self.quant["k"].read_rows(store, rows, dtype)
-        v = None if k is None else self.quant["v"].read_rows(store, rows, dtype)
-        return None if v is None else (k, v)
+        return self._both("read_rows", store, rows)
 
     def quantizers(self) -> dict[str, TensorQuant]:
         o, grid = self.options, self.grid()
