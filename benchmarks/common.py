@@ -67,7 +67,11 @@ def code_state() -> dict:
 
 
 def environment() -> dict:
+    """The machine: versions, threads, load, and its hardware profile (class, ISA,
+    native bf16, the dtype ``auto`` picks, measured rates; ``kvmap hw``)."""
+    from kvmap.hardware import record_summary
     return {
+        "hardware": record_summary(measure_if_missing=True),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "machine": platform.machine(),

@@ -3,6 +3,7 @@ tests marked ``slow`` load the real embedded SmolLM2-135M (they run in CI too)."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,9 @@ import pytest
 import torch
 
 torch.set_num_threads(2)
+# bench runs in tests do not measure the cells' OpenMP wait policy (seconds each run):
+# they get PASSIVE, safe on a shared machine; tests/test_hardware.py measures it once
+os.environ.setdefault("KVMAP_CELL_OMP_WAIT_POLICY", "PASSIVE")
 
 
 def make_tiny_llm(**kwargs):
@@ -28,8 +32,10 @@ def tiny_llm():
 
 @pytest.fixture(scope="session")
 def real_llm():
+    """The real model at ``dtype: auto`` (bf16 where the CPU multiplies bf16 natively,
+    fp32 where it does not): what a user's ``LLM()`` runs on this machine."""
     from kvmap import LLM
-    return LLM(dtype="bf16", device="cpu")
+    return LLM(device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """``kvmap`` command line: generate | eval | bench | report | recommend | serve | loadgen |
-plan | simulate | specs.
+plan | simulate | specs | hw.
 
 Each subcommand parses its arguments, validates them (a bad value exits with code 2 and
 a message naming it) and calls the library; no logic lives here.
@@ -29,8 +29,10 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
                                                     "default: embedded SmolLM2-135M."),
-    dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
-    kv: str = typer.Option("bf16", help="KV spec, e.g. 'int8(granularity=token)'"),
+    dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (auto: the fastest "
+                                           "exact dtype here, `kvmap hw`)"),
+    kv: str = typer.Option("auto", help="KV spec, e.g. 'int8(granularity=token)' (auto: "
+                                        "the compute dtype's own cache)"),
     kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
     quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
     max_tokens: int = typer.Option(64, help="Maximum new tokens"),
@@ -73,7 +75,7 @@ def generate(
 def calibrate(
     out: str = typer.Option(..., "--out", help="File to write (.safetensors or .json)"),
     model: Optional[str] = typer.Option(None, help="Model (default: embedded SmolLM2)"),
-    dtype: str = typer.Option("bf16"),
+    dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16"),
     num_tokens: int = typer.Option(2048, "--tokens", help="Calibration tokens in all"),
     chunk: int = typer.Option(512, help="Tokens per prefill"),
     text_file: Optional[str] = typer.Option(None, help="Calibration text (default: the "
@@ -88,7 +90,7 @@ def calibrate(
         fail(f"--tokens={num_tokens} and --chunk={chunk} must be positive")
     try:
         text = load_text_file(text_file) if text_file else None
-        llm = LLM(model=model, dtype=dtype, kv=dtype if dtype != "float32" else "fp32")
+        llm = LLM(model=model, dtype=dtype, kv="auto")
         chunks, start = [], 0
         while sum(len(c) for c in chunks) < num_tokens:
             n = min(chunk, num_tokens - sum(len(c) for c in chunks))
@@ -123,6 +125,31 @@ def specs(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
             for name in sorted(registry):
                 defaults = registry[name].defaults
                 typer.echo(f"  {name}({', '.join(f'{k}={v}' for k, v in defaults.items())})")
+
+
+@app.command()
+def hw(as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+       refresh: bool = typer.Option(False, "--refresh", help="Measure again (the rates are "
+                                    "cached per machine fingerprint)."),
+       threads: Optional[int] = typer.Option(None, help="Torch threads the rates are "
+                                             "measured with (default: torch's).")):
+    """This machine's hardware profile: CPU class and ISA, native bf16, the dtype that
+    `auto` picks, and measured matrix, bandwidth and weight-kernel rates."""
+    from kvmap.hardware import profile
+    if threads is not None and threads < 1:
+        fail(f"--threads={threads} must be >= 1")
+    try:
+        if threads:
+            import torch
+            torch.set_num_threads(threads)
+        summary = profile(refresh=refresh, num_threads=threads).summary()
+    except ValueError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+        return
+    from kvmap.hardware.report import describe
+    typer.echo(describe(summary))
 
 
 def _register_subcommands() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from kvmap.hardware.dtype import DTYPES, canonical_dtype, check_dtype  # noqa: F401 (re-export)
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -159,24 +161,19 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """What the engine runs: every field concrete (``dtype`` is never ``auto`` here)."""
+
     model: str = "smollm2"
-    dtype: str = "bf16"
+    dtype: str = "fp32"
     device: str = "cpu"
-    kv: str = "bf16"
+    kv: str = "fp32"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_threads: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_dtype(self.dtype)
-
-
-def check_dtype(dtype: str) -> str:
-    """``dtype`` if it names a compute dtype of ``DTYPES``; ValueError naming it otherwise."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
-    return dtype
+        check_dtype(self.dtype, allow_auto=False)
 
 
 @dataclass(frozen=True)
@@ -187,11 +184,13 @@ class EngineArgs:
 
     ``kv_memory``: a byte size (``"256MiB"``) or a budget in the model's bf16 tokens
     (``"3072 tokens"``); ``num_blocks`` overrides it (tests). ``device=None``: CUDA when
-    available, else the CPU; ``model=None``: the embedded SmolLM2-135M."""
+    available, else the CPU; ``model=None``: the embedded SmolLM2-135M. ``dtype="auto"``:
+    the fastest exact compute dtype of the device (``kvmap.hardware``); ``kv="auto"``: the
+    compute dtype's own cache. :meth:`resolved` makes all three concrete."""
 
     model: str | None = None
-    dtype: str = "bf16"
-    kv: str = "bf16"
+    dtype: str = "auto"
+    kv: str = "auto"
     kv_memory: str | int = "256MiB"
     num_blocks: int | None = None
     block_size: int = 16
@@ -216,14 +215,22 @@ class EngineArgs:
         return CacheConfig(self.block_size, num_bytes, None, self.enable_prefix_caching,
                            kv_memory_tokens=num_tokens)
 
-    def engine_config(self, device: str) -> EngineConfig:
-        """The engine's config on ``device`` (the caller resolves ``device=None``)."""
-        return EngineConfig(model=self.model or "smollm2", dtype=self.dtype, device=device,
-                            kv=self.kv, cache=self.cache_config(),
-                            scheduler=SchedulerConfig(self.max_num_seqs,
-                                                      self.max_num_batched_tokens),
-                            num_threads=self.num_threads, seed=self.seed)
+    def resolved(self) -> "EngineArgs":
+        """A copy with ``device``, ``dtype`` and a bare ``kv="auto"`` made concrete for
+        this machine (``kvmap.hardware.resolve_dtype``: an explicit dtype the device
+        cannot run is refused here, before any weight is loaded)."""
+        import torch
+        from kvmap.hardware import resolve_dtype
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = resolve_dtype(self.dtype, device)
+        kv = dtype if self.kv.strip() == "auto" else self.kv
+        return replace(self, device=device, dtype=dtype, kv=kv)
 
-
-DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16",
-          "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+    def engine_config(self, device: str | None = None) -> EngineConfig:
+        """The engine's config (``device`` overrides this one's), every field resolved."""
+        args = replace(self, device=device or self.device).resolved()
+        return EngineConfig(model=args.model or "smollm2", dtype=args.dtype,
+                            device=args.device, kv=args.kv, cache=args.cache_config(),
+                            scheduler=SchedulerConfig(args.max_num_seqs,
+                                                      args.max_num_batched_tokens),
+                            num_threads=args.num_threads, seed=args.seed)

@@ -57,7 +57,7 @@ def test_greedy_matches_transformers(real_llm_fp32, hf_model):
         assert ref[0, len(ids):].tolist() == out.token_ids
 
 
-def test_bf16_batched_generation_is_coherent(real_llm):
+def test_auto_dtype_batched_generation_is_coherent(real_llm):
     outs = real_llm.chat([[{"role": "user", "content": q}] for q in
                           ("What is 2 + 2?", "Name a primary color.")],
                          SamplingParams(max_tokens=24))

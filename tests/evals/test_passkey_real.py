@@ -1,4 +1,4 @@
-"""The passkey task on the real embedded model (bf16): the full cache finds the key, SnapKV
+"""The passkey task on the real embedded model (at ``dtype: auto``): the full cache finds the key, SnapKV
 at a 25% budget keeps it (its observation window holds the question), StreamingLLM at
 25% loses a key hidden in the middle (neither in its sinks nor in its window)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def llm_with(kv: str):
     from kvmap import LLM
     # one prefill chunk per prompt: SnapKV's observation window is the chunk's last queries
-    return LLM(dtype="bf16", kv=kv, device="cpu", max_num_batched_tokens=2048)
+    return LLM(kv=kv, device="cpu", max_num_batched_tokens=2048)
 
 
 def test_full_cache_finds_the_key(real_llm):

@@ -1,4 +1,4 @@
-"""SnapKV's pooling width on the real embedded model (bf16): the question's queries attend
+"""SnapKV's pooling width on the real embedded model (``dtype: auto``): the question's queries attend
 to the phrase before the key, and a centred pooling of width k keeps only k // 2 tokens
 after it. At a 25% budget the default ``kernel=11`` keeps the whole 5-digit key (a space
 and 5 digit tokens) in a case where ``kernel=7`` keeps only its first digits and the
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def answer(kv: str) -> dict:
     from kvmap import LLM
-    llm = LLM(dtype="bf16", kv=kv, device="cpu", max_num_batched_tokens=256)
+    llm = LLM(kv=kv, device="cpu", max_num_batched_tokens=256)
     return run_passkey(llm, [1024], [0.1], samples=1, seed=0)["samples"][0]
 
 

@@ -106,7 +106,8 @@ def test_planner_counts_the_unfolded_norms(q4_gguf):
 @pytest.mark.slow
 def test_embedded_int4_is_built_from_its_q4_1_blocks(real_llm):
     """The embedded SmolLM2 (Q4_1 matrices): every layer from the file's blocks, and its
-    next-token choices those of the bf16 model (the same file dequantized) on corpus
+    next-token choices those of the dense model (the same file dequantized, at the
+    machine's ``auto`` dtype) on corpus
     text (measured 95.8% over 24 windows of 512 + 64 tokens, docs/weights.md)."""
     from kvmap.evals.ppl import build_samples
     llm = LLM(quantization="int4", kv_memory="32MiB")

@@ -15,11 +15,20 @@ from tests.conftest import make_tiny_llm, random_prompts
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 
+@pytest.fixture
+def exact_kernels(monkeypatch):
+    """The kernels take activations in the compute dtype (fp32 here), whatever the
+    machine's profile would choose (``linear.kernel_dtype``, tested in test_hardware.py):
+    these tests compare with fp32 products of the dequantized weights, exactly."""
+    from kvmap.model import linear
+    monkeypatch.setattr(linear, "kernel_dtype", lambda fmt, dtype, device: dtype)
+
+
 def greedy(llm, prompts):
     return [o.token_ids for o in llm.generate(prompts, GREEDY)]
 
 
-def test_int8_weights_match_their_dequantized_reference():
+def test_int8_weights_match_their_dequantized_reference(exact_kernels):
     prompts = random_prompts([9, 30, 17], seed=11)
     llm = make_tiny_llm(quantization="int8")
     ref = make_tiny_llm()
@@ -32,7 +41,7 @@ def test_int8_weights_match_their_dequantized_reference():
     assert greedy(llm, prompts) == greedy(ref, prompts)
 
 
-def test_int8_product_equals_dequantized_product():
+def test_int8_product_equals_dequantized_product(exact_kernels):
     w = torch.randn(48, 64)
     lin = Int8Linear(w)
     x = torch.randn(5, 64)
@@ -40,7 +49,7 @@ def test_int8_product_equals_dequantized_product():
     assert (lin.dequantized() - w).abs().max() <= w.abs().amax(1).max() / 127 / 2 + 1e-6
 
 
-def test_w8a8_and_int4_products_are_close_to_the_float_product():
+def test_w8a8_and_int4_products_are_close_to_the_float_product(exact_kernels):
     w, x = torch.randn(64, 64), torch.randn(3, 64)
     exact = x @ w.T
     assert (W8A8Linear(w)(x) - exact).abs().max() < 0.05 * exact.abs().max()

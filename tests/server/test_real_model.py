@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def real_server():
-    server = start_server(model=None, kv="bf16", dtype="bf16", num_blocks=None,
+    server = start_server(model=None, kv="auto", dtype="auto", num_blocks=None,
                           block_size=16, max_num_batched_tokens=512,
                           served_model_name="smollm2")
     yield server

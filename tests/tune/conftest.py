@@ -17,6 +17,14 @@ from kvmap.bench.record import CellRecord
 from kvmap.kv.grammar import parse
 
 CODEC_DROP = {"bf16": 0.0, "int8": 0.4, "int4": 1.6}
+
+
+@pytest.fixture(autouse=True)
+def bf16_machine(monkeypatch):
+    """The stub's figures take bf16 as the full-precision cache: the tune's baseline is
+    the machine's ``auto`` dtype, so these tests run with native bf16 forced (the
+    choice itself is tested in tests/test_hardware.py)."""
+    monkeypatch.setenv("KVMAP_NATIVE_BF16", "1")
 CODEC_BYTES = {"bf16": 2.0, "int8": 1.0, "int4": 0.5625}
 OPTIMUM = "streaming_llm(budget=0.5)+int8"
 

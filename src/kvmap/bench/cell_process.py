@@ -39,15 +39,26 @@ def failed_record(cell: CellSpec, error: str, duration_s: float) -> dict:
                               duration_s=duration_s).to_dict()
 
 
+CELL_WAIT_POLICY_ENV = "KVMAP_CELL_OMP_WAIT_POLICY"
+
+
 def child_env() -> dict:
     """The cell process imports what this one does (``module:function`` tasks included).
 
-    ``OMP_WAIT_POLICY=PASSIVE`` (unless set): OpenMP threads that spin at barriers are a
-    disaster on a shared machine -- with one core busy elsewhere, a 2-thread torch ran a
-    long-context cell 5-10x slower than 1 thread; passive waiting ran it as fast as 1
-    thread there, and keeps both threads' worth on an idle machine."""
+    OpenMP's wait policy: what the runner measured at the start of the run
+    (``kvmap.hardware.threads``; it sets ``KVMAP_CELL_OMP_WAIT_POLICY`` while the run
+    lasts: ``default`` leaves ``OMP_WAIT_POLICY`` unset, spinning), else
+    ``OMP_WAIT_POLICY=PASSIVE`` unless set: threads that spin at barriers are a disaster
+    on a shared machine (a 2-thread torch ran a long-context cell 5-10x slower with one
+    core busy elsewhere), while on a quiet machine spinning is 1.7x faster."""
     env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    chosen = env.pop(CELL_WAIT_POLICY_ENV, None)
+    if chosen == "default":
+        env.pop("OMP_WAIT_POLICY", None)
+    elif chosen:
+        env["OMP_WAIT_POLICY"] = chosen
+    else:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

@@ -28,7 +28,8 @@ class ScenarioError(ValueError):
 @dataclass(frozen=True)
 class ModelEntry:
     name: str                       # "smollm2", a .gguf path, a HF directory, "dummy:<shape>"
-    dtype: str | None = "bf16"     # None: an endpoint's model (its server's dtype)
+    dtype: str | None = "fp32"     # concrete (the parser resolves "auto"); None: an
+    #                                endpoint's model (its server's dtype)
     quantization: str | None = None  # weights: None | int8 | w8a8 | int4 (model/wquant.py)
 
     @property
@@ -170,7 +171,12 @@ class Scenario:
         task: random weights have no accuracy)."""
         cells = []
         for model in self.models:
+            done: set[str] = set()      # "auto" is the model's dtype: one cell, not two
             for kv in self.all_kv():
+                spec = model.dtype if kv == "auto" else kv
+                if spec in done:
+                    continue
+                done.add(spec)
                 for w in self.workloads:
                     if kv not in (w.kv or self.kv) or (w.models is not None
                                                        and model.label not in w.models):
@@ -179,14 +185,14 @@ class Scenario:
                         replace(self.engine, kv_memory=w.kv_memory)
                     if w.block_size is not None:
                         engine = replace(engine, block_size=w.block_size)
-                    cells.append(self._cell(model, kv, engine, workload=w,
+                    cells.append(self._cell(model, spec, engine, workload=w,
                                             slo=w.slo or self.slo))
                 for t in self.tasks:
                     if kv not in (t.kv or self.kv) or (t.models is not None
                                                        and model.label not in t.models):
                         continue
                     if not (model.is_dummy and t.is_accuracy_task):
-                        cells.append(self._cell(model, kv, self.engine, task=t))
+                        cells.append(self._cell(model, spec, self.engine, task=t))
         return cells + self.endpoint_cells()
 
     def endpoint_cells(self) -> list[CellSpec]:

@@ -95,6 +95,8 @@ def peak_rss_bytes() -> int:
 def machine_env(load_start: float | None) -> dict:
     """How busy the machine was: timings from a shared, loaded machine are not comparable."""
     torch = sys.modules.get("torch")
+    from kvmap.hardware import record_summary
     return {"num_threads": torch.get_num_threads() if torch is not None else None,
             "load_avg_1m_start": load_start, "load_avg_1m_end": load_avg(),
-            "num_cpus": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+            "num_cpus": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "hardware": record_summary()}

@@ -20,7 +20,9 @@ first one), divided among the cells the backend runs at once.
 """
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -112,14 +114,39 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
         backend = make_backend(backend, address)
     backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
     backend.open(cells)
-    with backend, RunLock(run_dir):     # before anything is read or written there
+    with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
-                          show_progress, command, t_start)
+                          show_progress, command, t_start, settings)
 
 
-def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
-               backend: CellBackend, console: Console, retry_failed: bool,
-               show_progress: bool, command: list[str] | None, t_start: float) -> RunResult:
+@contextmanager
+def _thread_settings(backend: CellBackend, console: Console):
+    """The wait policy this run's local cells get, measured now (``kvmap.hardware.threads``;
+    a user's ``OMP_WAIT_POLICY`` is kept), in the environment while the run lasts."""
+    if backend.name != "local":
+        yield None
+        return
+    from kvmap.bench.cell_process import CELL_WAIT_POLICY_ENV
+    from kvmap.hardware.threads import choose
+    settings = choose(given=os.environ.get(CELL_WAIT_POLICY_ENV))
+    times = ", ".join(f"{p} {s * 1e3:.1f} ms" for p, s in settings.step_s.items())
+    console.print(f"cell threads: {settings.num_threads}, OpenMP wait policy "
+                  f"{settings.wait_policy} ({settings.source}"
+                  f"{': decode-step proxy ' + times if times else ''})")
+    previous = os.environ.get(CELL_WAIT_POLICY_ENV)
+    os.environ[CELL_WAIT_POLICY_ENV] = settings.wait_policy
+    try:
+        yield settings
+    finally:
+        if previous is None:
+            os.environ.pop(CELL_WAIT_POLICY_ENV, None)
+        else:
+            os.environ[CELL_WAIT_POLICY_ENV] = previous
+
+
+def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend: CellBackend,
+               console: Console, retry_failed: bool, show_progress: bool,
+               command: list[str] | None, t_start: float, settings=None) -> RunResult:
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     stored = {c["cell_id"]: c for c in store.cells()}
     skip = {cid for cid, c in stored.items() if c["status"] == "ok" or not retry_failed}
@@ -186,7 +213,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path,
                                   f"  (log: {escape(str(store.log_path(cell.cell_id)))})")
             progress.update(current, visible=False)
     finally:
-        store.finalize(interrupted=num_ran < len(todo), backend=backend.describe())
+        store.finalize(interrupted=num_ran < len(todo), backend=backend.describe(),
+                       thread_settings=settings and settings.to_dict())
         try:
             (store.dir / ".work").rmdir()          # only when empty
         except OSError:

@@ -10,13 +10,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes, sweep_name
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
                                   ScenarioError, TaskEntry, WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
                                         reserved_names)
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
-from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
+from kvmap.config import EngineArgs, parse_kv_memory
+from kvmap.hardware import resolve_dtype
 from kvmap.metrics import normalize_slo, parse_slo
 from kvmap.model.wquant import QUANTIZATIONS
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
@@ -69,8 +72,8 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
         problems.add("cell_timeout_s", f"{timeout_s!r} must be a number of seconds > 0")
         timeout_s = None
     memory_limit = _parse_memory_limit(data.get("cell_memory_limit"), problems)
-    models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir)
     engine = _parse_engine(data.get("engine") or {}, problems)
+    models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir, engine)
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
     endpoints = parse_endpoints(data.get("endpoints"), problems, base_dir,
                                 reserved_names(data, kv))
@@ -129,7 +132,9 @@ def _unknown_keys(mapping: dict, allowed: set[str], where: str, problems: Proble
                          f"unknown key {key!r}; valid keys: {', '.join(sorted(allowed))}")
 
 
-def _parse_models(raw: Any, problems: Problems, base_dir: Path) -> list[ModelEntry]:
+def _parse_models(raw: Any, problems: Problems, base_dir: Path, engine: EngineArgs
+                  ) -> list[ModelEntry]:
+    device = engine.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(raw, (str, dict)):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
@@ -144,9 +149,10 @@ def _parse_models(raw: Any, problems: Problems, base_dir: Path) -> list[ModelEnt
             problems.add(where, f"{item!r} must be a model name or {{name, dtype}}")
             continue
         _unknown_keys(item, MODEL_KEYS, where, problems)
-        dtype = item.get("dtype", "bf16")
-        if dtype not in DTYPES:
-            problems.add(f"{where}.dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
+        try:       # "auto" (the default): this machine's fastest exact dtype
+            dtype = resolve_dtype(item.get("dtype", "auto"), device)
+        except ValueError as e:
+            problems.add(f"{where}.dtype", str(e))
             continue
         name = item["name"]
         if not name.lower().startswith("dummy:") and name.lower() != "smollm2" \
@@ -173,15 +179,11 @@ def _parse_engine(raw: Any, problems: Problems) -> EngineArgs:
     except ValueError as e:
         problems.add("engine.kv_memory", str(e))
         fields.pop("kv_memory")
-    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-        value = fields.get(key, 1)
-        if not _is_int(value) or value < 1:
+    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_threads"):
+        value = fields.get(key, 1)           # num_threads may be null: torch's default
+        if not (_is_int(value) and value >= 1) and not (key == "num_threads" and value is None):
             problems.add(f"engine.{key}", f"{value!r} must be an integer >= 1")
             fields.pop(key)
-    threads = fields.get("num_threads")
-    if threads is not None and (not _is_int(threads) or threads < 1):
-        problems.add("engine.num_threads", f"{threads!r} must be an integer >= 1")
-        fields.pop("num_threads")
     if not isinstance(fields.get("enable_prefix_caching", True), bool):
         problems.add("engine.enable_prefix_caching",
                      f"{fields.pop('enable_prefix_caching')!r} must be true or false")
@@ -194,7 +196,7 @@ def parse_kv(raw: Any, section: str, problems: Problems, notes: list[str], skip:
     from kvmap.kv import grammar
     from kvmap.kv.config import KVConfig, valid_names
     if raw is None:
-        raw = ["bf16"]
+        raw = ["auto"]
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw:

@@ -95,8 +95,10 @@ def _cpu_model() -> str | None:
 
 
 def environment() -> dict:
-    """Git sha, package versions and the machine, for the run's metadata."""
+    """Git sha, package versions and the machine (with its hardware profile: class, ISA,
+    native bf16, measured rates), for the run's metadata."""
     import kvmap
+    from kvmap.hardware import record_summary
     src = Path(kvmap.__file__).resolve().parent
     sha = _git(["rev-parse", "HEAD"], src)
     dirty = _git(["status", "--porcelain", "--untracked-files=no"], src)
@@ -121,6 +123,7 @@ def environment() -> dict:
                     "cpu": _cpu_model(), "num_cpus": os.cpu_count(),
                     "memory_bytes": memory_bytes, "gpu": gpu,
                     "hostname": platform.node()},
+        "hardware": record_summary(measure_if_missing=True),
     }
 
 

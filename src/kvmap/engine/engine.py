@@ -54,7 +54,7 @@ class Engine:
         engine (the server's adaptive mode runs one engine per KV configuration over one
         copy of the weights); ``loaded.weights`` is then not used."""
         self.config = config
-        self.kv_config = kv_config or KVConfig.parse(config.kv)
+        self.kv_config = kv_config or KVConfig.parse(config.kv, config.dtype)
         self.dtype = getattr(torch, DTYPES[config.dtype])
         self.device = torch.device(config.device)
         self.model_config = loaded.config

@@ -20,7 +20,7 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, dtype: str = "bf16", kv: str = "bf16",
+    def __init__(self, model: str | None = None, dtype: str = "auto", kv: str = "auto",
                  kv_memory: str | int | None = "256MiB", block_size: int = 16,
                  num_blocks: int | None = None, device: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
@@ -41,12 +41,12 @@ class LLM:
                               num_threads=num_threads, device=device, seed=seed,
                               quantization=quantization)
         from kvmap.model.loader import load_model   # heavy imports only when used
-        kv_config = KVConfig.parse(args.kv)       # bad specs fail before loading weights
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        args = args.resolved()          # dtype and kv "auto", device None: this machine's
+        kv_config = KVConfig.parse(args.kv, args.dtype)   # bad specs fail before weights
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        config = args.engine_config(device)
-        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), device,
+        config = args.engine_config()
+        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), args.device,
                             quantization=args.quantization)
         self.engine = Engine(config, loaded, kv_config)
         self.tokenizer = self.engine.tokenizer

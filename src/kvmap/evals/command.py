@@ -54,7 +54,7 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
         needles: Optional[int] = typer.Option(None, help="needle: needles per prompt (2)."),
         model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
                                                        "default: embedded SmolLM2-135M."),
-        dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16 (also the baseline's "
+        dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (also the baseline's "
                                                "KV codec)"),
         kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
         quantization: Optional[str] = typer.Option(

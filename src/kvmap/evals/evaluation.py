@@ -12,7 +12,7 @@ from kvmap.kv.config import KVConfig
 
 
 def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOptions(), *,
-             model: str | None = None, dtype: str = "bf16", kv_memory: str = "256MiB",
+             model: str | None = None, dtype: str = "auto", kv_memory: str = "256MiB",
              num_threads: int | None = None, make_llm: Callable[[str], Any] | None = None,
              quantization: str | None = None,
              log: Callable[[str], None] = lambda message: None) -> dict:
@@ -25,8 +25,11 @@ def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOpti
     ``quantization`` (``kvmap.model.wquant``): every spec runs on weights in that format,
     compared with the baseline on dense weights (so a bf16 spec measures the weights alone).
     """
+    from kvmap.hardware import resolve_dtype
     evaluator = get_task(task, options)
-    specs = [KVConfig.parse(spec).spec for spec in kv_specs]
+    dtype = resolve_dtype(dtype, "cpu")      # "auto": this machine's exact dtype
+    specs = [dtype if s.strip() == "auto" else KVConfig.parse(s, dtype).spec
+             for s in kv_specs]
     if not specs:
         raise ValueError("no KV spec to evaluate (give --kv at least once)")
     baseline_spec = dtype

@@ -3,7 +3,11 @@
 ``KVConfig.parse("snapkv(budget=0.25)+int8(granularity=token)+tiers(host=512MiB)")``
 looks each part up in the codec, policy and tier registries. Each registry's classes
 take the part's options as keyword arguments and validate them, raising ValueError
-naming the bad option. At most one part of each kind; the codec defaults to ``bf16``.
+naming the bad option. At most one part of each kind.
+
+The codec ``auto`` -- and a spec with no codec part -- is the compute dtype's own cache
+(``fp32``, ``bf16`` or ``fp16``): ``parse(text, dtype=...)`` says which; without a dtype
+it is ``bf16`` (the planner's GPU default).
 """
 from __future__ import annotations
 
@@ -21,15 +25,24 @@ from kvmap.kv.tiers.backend import backends_top_down
 _KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS}
 
 
+AUTO_CODEC = "auto"
+
+
+def plain_codec(dtype: str | None) -> str:
+    """The codec that stores K/V as ``dtype`` computes them (``bf16`` for None)."""
+    from kvmap.hardware.dtype import canonical_dtype
+    return "bf16" if dtype is None or dtype == AUTO_CODEC else canonical_dtype(dtype)
+
+
 def valid_names() -> list[str]:
-    """Every spec-part name (codecs, policies, tier layouts), sorted."""
-    return sorted(name for registry in _KINDS.values() for name in registry)
+    """Every spec-part name (codecs, policies, tier layouts, and ``auto``), sorted."""
+    return sorted([AUTO_CODEC] + [name for registry in _KINDS.values() for name in registry])
 
 
 def spec_names() -> dict[str, tuple[str, ...]]:
     """Registered names by family, for listings (``kvmap specs``): the spec parts and the
     tier backends a ``tiers(...)`` part accepts."""
-    return {"codec": tuple(sorted(CODECS)), "policy": tuple(sorted(POLICIES)),
+    return {"codec": tuple(sorted([*CODECS, AUTO_CODEC])), "policy": tuple(sorted(POLICIES)),
             "tiers": tuple(sorted(TIER_PARTS)),
             "tier backend": tuple(b.name for b in backends_top_down())}
 
@@ -42,11 +55,13 @@ class KVConfig:
     tiers: Any = None       # a kvmap.kv.tiers layout part, or None
 
     @classmethod
-    def parse(cls, text: str | "KVConfig") -> "KVConfig":
+    def parse(cls, text: str | "KVConfig", dtype: str | None = None) -> "KVConfig":
+        """``text`` as a configuration; ``dtype`` (a concrete compute dtype) is what the
+        codec ``auto``, or a spec without a codec, stores."""
         if isinstance(text, KVConfig):
             return text
         try:
-            return cls._parse(text)
+            return cls._parse(text, dtype)
         except ValueError as e:   # messages quote the spec: never with its password
             message = redact_spec(str(e))
             if message == str(e):
@@ -54,10 +69,19 @@ class KVConfig:
             raise ValueError(message) from None
 
     @classmethod
-    def _parse(cls, text: str) -> "KVConfig":
+    def _parse(cls, text: str, dtype: str | None) -> "KVConfig":
         parts = grammar.parse(text)
         found: dict[str, Any] = {}
         for part in parts:
+            if part.name == AUTO_CODEC:
+                if part.args:
+                    raise ValueError(f"KV spec part {str(part)!r}: {AUTO_CODEC} takes no "
+                                     "options (it is the compute dtype's own cache)")
+                if "codec" in found:
+                    raise ValueError(f"KV spec {text!r} has two codec parts: "
+                                     f"{found['codec'].name!r} and {AUTO_CODEC!r}")
+                found["codec"] = CODECS[plain_codec(dtype)]()
+                continue
             kind = next((k for k, reg in _KINDS.items() if part.name in reg), None)
             if kind is None:
                 raise ValueError(
@@ -71,7 +95,7 @@ class KVConfig:
                 found[kind] = _KINDS[kind][part.name](**part.args)
             except TypeError as e:   # a class with a plain signature got a bad keyword
                 raise ValueError(f"bad options in KV spec part {str(part)!r}: {e}") from None
-        codec = found.get("codec") or CODECS["bf16"]()
+        codec = found.get("codec") or CODECS[plain_codec(dtype)]()
         policy = found.get("policy")
         if policy is not None and getattr(policy, "name", None) == "full":
             policy = None

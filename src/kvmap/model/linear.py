@@ -40,23 +40,43 @@ class PackedLinear:
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
+def kernel_dtype(fmt: str, dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The activation dtype ``fmt``'s kernel (int8 W8A16, int4) runs in: the compute
+    dtype, except an fp32 model on a CPU whose profile (``kvmap.hardware``, measured once
+    per machine) timed the kernel faster with bf16 activations -- on an Ice Lake without
+    native bf16 the int8 and int4 kernels ran 7-60x faster so, prefill and decode alike
+    (docs/hardware.md). One choice per model, never per batch size: a sequence's tokens
+    must not depend on what it is batched with."""
+    if dtype != torch.float32 or torch.device(device).type != "cpu":
+        return dtype
+    from kvmap.hardware import profile
+    from kvmap.hardware.probes import best_activation
+    rates = profile().rates
+    choices = {best_activation(rates, fmt, phase) for phase in ("prefill", "decode")}
+    return torch.bfloat16 if choices == {"bf16"} else dtype
+
+
 class Int8Linear:
     """W8A16: y = ((x * in_scale) @ q.T) * scale (+ b); q (out, in) int8, scale (out,)
-    per channel; ``in_scale`` (in,) optional (SmoothQuant's 1 / s, ``smoothquant.py``)."""
+    per channel; ``in_scale`` (in,) optional (SmoothQuant's 1 / s, ``smoothquant.py``).
+    The kernel takes x in ``kernel_dtype`` (bf16 for an fp32 model where that is faster)
+    and y returns in x's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  in_scale: torch.Tensor | None = None):
         from kvmap.model.wquant import int8_per_channel
         self.q, scale = int8_per_channel(weight)
         self.dtype = weight.dtype
-        self.scale = scale.to(weight.dtype)          # the kernel wants x's dtype
+        self.kernel_dtype = kernel_dtype("int8", weight.dtype, weight.device)
+        self.scale = scale.to(self.kernel_dtype)          # the kernel wants x's dtype
         self.bias = bias
         self.in_scale = None if in_scale is None else in_scale.to(weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_scale is not None:
             x = x * self.in_scale
-        y = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        y = torch._weight_int8pack_mm(x.to(self.kernel_dtype).contiguous(), self.q,
+                                      self.scale).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def dequantized(self) -> torch.Tensor:
@@ -114,17 +134,21 @@ class Int4Linear:
     def _init(self, groups, dtype, bias, in_scale) -> None:
         self.group_size = groups.group_size
         self.dtype = dtype
+        self.kernel_dtype = kernel_dtype("int4", dtype, groups.codes.device)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes, 1)
         self.scales_zeros = torch.stack([groups.scale.t(), groups.zero.t()],
-                                        -1).to(dtype).contiguous()
+                                        -1).to(self.kernel_dtype).contiguous()
         self.bias = bias
         self.in_scale = None if in_scale is None else in_scale.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, in) in the compute dtype -> (T, out) in it; the kernel runs in
+        ``kernel_dtype`` (see :func:`kernel_dtype`)."""
         if self.in_scale is not None:
             x = x * self.in_scale
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed,
-                                                        self.group_size, self.scales_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(self.kernel_dtype).contiguous(), self.packed, self.group_size,
+            self.scales_zeros).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     @property

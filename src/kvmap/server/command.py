@@ -17,7 +17,7 @@ from kvmap.server.security import API_KEY_ENV, allowed_hosts_for, is_loopback
 log = logging.getLogger("kvmap.server")
 
 
-def build_server(model: str | None = None, kv: str = "bf16", *, dtype: str = "bf16",
+def build_server(model: str | None = None, kv: str = "auto", *, dtype: str = "auto",
                  quantization: str | None = None,
                  kv_memory: str = "256MiB", num_blocks: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64,
@@ -89,13 +89,15 @@ def register(app: typer.Typer) -> None:
     def serve(
         model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
                                                         "default: embedded SmolLM2-135M."),
-        kv: str = typer.Option("bf16", help="KV spec, e.g. 'int8(granularity=token)'"),
+        kv: str = typer.Option("auto", help="KV spec, e.g. 'int8(granularity=token)' "
+                                            "(auto: the compute dtype's own cache)"),
         host: str = typer.Option("127.0.0.1"),
         port: int = typer.Option(8000),
         max_queue: int = typer.Option(256, help="Requests that may wait for the engine; "
                                                 "more get 503."),
         adaptive: Optional[str] = typer.Option(None, help="Adaptive KV policy file (YAML)"),
-        dtype: str = typer.Option("bf16", help="fp32 | bf16 | fp16"),
+        dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (auto: the "
+                                               "fastest exact dtype here)"),
         quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
         kv_memory: str = typer.Option("256MiB", help="KV pool budget per engine: bytes "
                                      "(256MiB) or the model's bf16 tokens ('3072 tokens')"),

@@ -24,10 +24,11 @@ def make_engine_factory(config: EngineArgs, kv: str):
 
     A model without a tokenizer (``dummy:*``) gets the ``ByteTokenizer``."""
     from kvmap.model.loader import load_model      # heavy imports only when serving
-    kv_config = KVConfig.parse(kv)                 # a bad spec fails before loading weights
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engine_config = replace(config, kv=kv).engine_config(device)
-    loaded = load_model(config.model, getattr(torch, DTYPES[config.dtype]), device,
+    config = replace(config, kv=kv).resolved()     # dtype/kv "auto": this machine's
+    dtype = config.dtype
+    kv_config = KVConfig.parse(config.kv, dtype)   # a bad spec fails before loading weights
+    engine_config = config.engine_config()
+    loaded = load_model(config.model, getattr(torch, DTYPES[dtype]), config.device,
                         quantization=config.quantization)
     if loaded.tokenizer is None:
         loaded.tokenizer = ByteTokenizer.for_model(loaded.config)
@@ -37,8 +38,9 @@ def make_engine_factory(config: EngineArgs, kv: str):
         """A new engine for ``spec``; ``scheduler_overrides``: an adaptive level's own
         ``max_num_seqs`` / ``max_num_batched_tokens``."""
         scheduler = replace(engine_config.scheduler, **scheduler_overrides)
+        spec = dtype if spec.strip() == "auto" else spec
         return Engine(replace(engine_config, kv=spec, scheduler=scheduler), loaded,
-                      KVConfig.parse(spec), model=first.model)
+                      KVConfig.parse(spec, dtype), model=first.model)
 
     return first, factory
 
@@ -47,5 +49,5 @@ def check_kv_specs(first: Engine, specs: list[str]) -> None:
     """Fail at start-up, not at the first switch: every spec parses and its codec fits
     the model's geometry."""
     for spec in specs:
-        codec = KVConfig.parse(spec).codec
+        codec = KVConfig.parse(spec, first.config.dtype).codec
         codec.validate_geometry(first.geom)

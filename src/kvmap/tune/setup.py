@@ -73,7 +73,8 @@ def build_scenario(setup: TuneSetup, space: TuneSpace, name: str,
     """The scenario of every point of ``space`` (the baseline first); ``ScenarioError``
     (a ValueError) naming every bad value -- KV specs, workload keys, task parameters,
     SLA metrics -- before any cell runs."""
-    dtype = "bf16"
+    from kvmap.hardware import resolve_dtype
+    dtype = resolve_dtype("auto", "cpu")      # the baseline: this machine's exact dtype
     kv = list(dict.fromkeys([dtype, *space.all_kv()]))
     engine = dict(setup.engine)
     if space.max_num_seqs:

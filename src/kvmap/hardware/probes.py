@@ -1,0 +1,178 @@
+"""Short probes of what this machine can do: matrix products per dtype, read bandwidth,
+and each weight format's kernel, at a model's own shapes.
+
+Two shapes stand for a forward pass (default: SmolLM2-135M's MLP up projection, in 576,
+out 1536): a prefill chunk of ``prefill_rows`` rows (a GEMM, compute-bound) and a decode
+row (a GEMV, bound by reading the weights). The decode probe cycles through copies of the
+weight, ``stream_bytes`` in all, so that the weights come from memory and not from the
+caches, as in a decode step that reads every layer's matrices once.
+
+Each weight format's kernel (``torch._weight_int8pack_mm`` for int8 W8A16,
+``torch._int_mm`` for w8a8, ``_weight_int4pack_mm_for_cpu`` for int4) is timed with fp32
+and with bf16 activations: which is faster depends on the CPU and on the shape (on a Zen 1
+the int8 kernel ran a decode row 6x faster with bf16 activations, and a prefill chunk 12x
+slower), so the model picks the activation dtype per phase from these rates.
+
+All rates are FLOP/s (2 x rows x in x out per product) except the bandwidths (bytes/s);
+each is the median of a few repeats after a warm-up, with ``torch.set_num_threads`` as the
+profile's thread count. The whole measurement takes a few seconds.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+DEFAULT_SHAPE = (576, 1536)          # (in, out): SmolLM2-135M's up projection
+PREFILL_ROWS = 512
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def dense_product(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ w.T`` as the engine runs it on the CPU: the weight reordered once into
+    oneDNN's blocked layout where oneDNN takes the dtype (``kvmap.model.linear``), else
+    ``F.linear``."""
+    if w.device.type == "cpu" and torch.backends.mkldnn.is_available() \
+            and w.dtype in (torch.float32, torch.bfloat16):
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none",
+                                                                [], "")
+        except (RuntimeError, AttributeError):
+            pass
+    return lambda x: torch.nn.functional.linear(x, w)
+
+
+def gemm_flops(dtype: torch.dtype, rows: int, k: int, n: int, repeats: int = 3) -> float:
+    """FLOP/s of ``x (rows, k) @ W.T`` (:func:`dense_product`) for one (n, k) weight held
+    in the caches."""
+    x, product = torch.randn(rows, k, dtype=dtype), dense_product(torch.randn(n, k, dtype=dtype))
+    return 2 * rows * k * n / _median_s(lambda: product(x), repeats)
+
+
+def _streamed(make: Callable[[], Callable[[torch.Tensor], object]], x: torch.Tensor,
+              bytes_each: int, stream_bytes: int, repeats: int) -> float:
+    """Seconds per product over ``stream_bytes`` / ``bytes_each`` weights in turn."""
+    kernels = [make() for _ in range(max(1, stream_bytes // max(1, bytes_each)))]
+
+    def run() -> None:
+        for kernel in kernels:
+            kernel(x)
+    return _median_s(run, repeats) / len(kernels)
+
+
+def _dense(dtype: torch.dtype, k: int, n: int):
+    return lambda: dense_product(torch.randn(n, k, dtype=dtype))
+
+
+def _int8(act: torch.dtype, k: int, n: int):
+    def make():
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        scale = torch.rand(n, dtype=act) / 64
+        return lambda x: torch._weight_int8pack_mm(x, q, scale)
+    return make
+
+
+def _w8a8(act: torch.dtype, k: int, n: int):
+    def make():
+        q_t = torch.randint(-127, 128, (n, k), dtype=torch.int8).t()
+        def run(x):
+            scale = x.abs().amax(-1, keepdim=True).float() / 127
+            xq = (x.float() / scale).round().to(torch.int8)
+            return (torch._int_mm(xq, q_t).float() * scale).to(act)
+        return run
+    return make
+
+
+def _int4(act: torch.dtype, k: int, n: int, group_size: int = 32):
+    def make():
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        sz = torch.stack([torch.rand(k // group_size, n), torch.zeros(k // group_size, n)],
+                         -1).to(act).contiguous()
+        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, sz)
+    return make
+
+
+WEIGHT_KERNELS = {"int8": (_int8, 1.0), "w8a8": (_w8a8, 1.0), "int4": (_int4, 0.5)}
+
+
+def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAPE,
+                  prefill_rows: int = PREFILL_ROWS, stream_bytes: int = 48 * 2**20,
+                  repeats: int = 3) -> dict:
+    """The profile's ``rates`` (see the module docstring); ``hw`` is the
+    :class:`~kvmap.hardware.profile.HardwareProfile` whose thread count is used."""
+    if str(device) != "cpu":
+        raise ValueError(f"device={device!r}: the probes measure the CPU; a GPU's rates "
+                         "come from benchmarks/gpu_check.py")
+    t_start = time.perf_counter()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(hw.cpu.num_threads)
+    k, n = shape
+    dtypes = ["fp32", "bf16"]
+    if hw.native_bf16 and "avx512_fp16" in hw.cpu.flags or "fphp" in hw.cpu.flags:
+        dtypes.append("fp16")
+    try:
+        matmul, kernels = {}, {}
+        for name in dtypes:
+            dt = DTYPES[name]
+            x1 = torch.randn(1, k, dtype=dt)
+            per_row_s = _streamed(_dense(dt, k, n), x1, n * k * dt.itemsize, stream_bytes,
+                                  repeats)
+            matmul[name] = {"prefill": gemm_flops(dt, prefill_rows, k, n, repeats),
+                            "decode": 2 * k * n / per_row_s}
+        for fmt, (maker, bytes_per_weight) in WEIGHT_KERNELS.items():
+            kernels[fmt] = {}
+            for act in ("fp32", "bf16"):
+                dt = DTYPES[act]
+                try:
+                    make = maker(dt, k, n)
+                    xp = torch.randn(prefill_rows, k, dtype=dt)
+                    prefill_s = _median_s(lambda: make()(xp), 1)   # includes a re-make
+                    kernel = make()
+                    prefill_s = min(prefill_s, _median_s(lambda: kernel(xp), repeats))
+                    decode_s = _streamed(make, torch.randn(1, k, dtype=dt),
+                                         int(n * k * bytes_per_weight), stream_bytes, repeats)
+                except (RuntimeError, AttributeError) as e:   # kernel missing on this build
+                    kernels[fmt][act] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                    continue
+                kernels[fmt][act] = {"prefill": 2 * prefill_rows * k * n / prefill_s,
+                                     "decode": 2 * k * n / decode_s}
+        read = read_bandwidth()
+    finally:
+        torch.set_num_threads(previous)
+    return {"num_threads": hw.cpu.num_threads, "shape_in_out": [k, n],
+            "prefill_rows": prefill_rows, "matmul_flops": matmul,
+            "weight_kernels": kernels, "read_bandwidth_bytes_per_s": read,
+            "measured_s": round(time.perf_counter() - t_start, 2),
+            "load_avg_1m": os.getloadavg()[0],
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes read per second by a sum over ``num_bytes`` of int64 (a stream of reads with
+    no writes, as a decode step's matrix products read their weights); the median of
+    ``repeats`` after a warm-up."""
+    x = torch.ones(num_bytes // 8, dtype=torch.int64)
+    return num_bytes / _median_s(x.sum, repeats)
+
+
+def best_activation(rates: dict | None, fmt: str, phase: str) -> str | None:
+    """The activation dtype (``fp32``/``bf16``) under which ``fmt``'s kernel ran ``phase``
+    (``prefill``/``decode``) fastest in ``rates``; None without a measurement."""
+    per_act = ((rates or {}).get("weight_kernels") or {}).get(fmt) or {}
+    timed = {act: r[phase] for act, r in per_act.items() if isinstance(r, dict) and phase in r}
+    return max(timed, key=timed.get) if timed else None
