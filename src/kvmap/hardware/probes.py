@@ -64,14 +64,27 @@ def gemm_flops(dtype: torch.dtype, rows: int, k: int, n: int, repeats: int = 3) 
 
 
 def _streamed(make: Callable[[], Callable[[torch.Tensor], object]], x: torch.Tensor,
-              bytes_each: int, stream_bytes: int, repeats: int) -> float:
-    """Seconds per product over ``stream_bytes`` / ``bytes_each`` weights in turn."""
+              bytes_each: int, stream_bytes: int) -> Callable[[], float]:
+    """A timing of one product over ``stream_bytes`` / ``bytes_each`` weights in turn:
+    each call returns seconds per product."""
     kernels = [make() for _ in range(max(1, stream_bytes // max(1, bytes_each)))]
 
-    def run() -> None:
+    def run() -> float:
+        t0 = time.perf_counter()
         for kernel in kernels:
             kernel(x)
-    return _median_s(run, repeats) / len(kernels)
+        return (time.perf_counter() - t0) / len(kernels)
+    return run
+
+
+def _cached(product: Callable[[torch.Tensor], object], x: torch.Tensor
+            ) -> Callable[[], float]:
+    """A timing of ``product(x)`` with its weight in the caches: seconds per call."""
+    def run() -> float:
+        t0 = time.perf_counter()
+        product(x)
+        return time.perf_counter() - t0
+    return run
 
 
 def _dense(dtype: torch.dtype, k: int, n: int):
@@ -114,7 +127,12 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
                   prefill_rows: int = PREFILL_ROWS, stream_bytes: int = 48 * 2**20,
                   repeats: int = 3) -> dict:
     """The profile's ``rates`` (see the module docstring); ``hw`` is the
-    :class:`~kvmap.hardware.profile.HardwareProfile` whose thread count is used."""
+    :class:`~kvmap.hardware.profile.HardwareProfile` whose thread count is used.
+
+    Every probe is timed once per round, ``repeats`` rounds, and each keeps its median:
+    a burst of the machine's other load then falls on one round of every probe, not on
+    every round of one, so the comparisons the engine makes from these rates (fp32 or
+    bf16 activations for a kernel) hold even when the absolute rates drift."""
     if str(device) != "cpu":
         raise ValueError(f"device={device!r}: the probes measure the CPU; a GPU's rates "
                          "come from benchmarks/gpu_check.py")
@@ -125,37 +143,49 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
     dtypes = ["fp32", "bf16"]
     if hw.native_bf16 and "avx512_fp16" in hw.cpu.flags or "fphp" in hw.cpu.flags:
         dtypes.append("fp16")
+    probes: dict[tuple[str, str, str], Callable[[], float]] = {}
+    errors: dict[tuple[str, str], str] = {}
     try:
-        matmul, kernels = {}, {}
         for name in dtypes:
             dt = DTYPES[name]
-            x1 = torch.randn(1, k, dtype=dt)
-            per_row_s = _streamed(_dense(dt, k, n), x1, n * k * dt.itemsize, stream_bytes,
-                                  repeats)
-            matmul[name] = {"prefill": gemm_flops(dt, prefill_rows, k, n, repeats),
-                            "decode": 2 * k * n / per_row_s}
+            probes["dense", name, "prefill"] = _cached(
+                dense_product(torch.randn(n, k, dtype=dt)), torch.randn(prefill_rows, k, dtype=dt))
+            probes["dense", name, "decode"] = _streamed(
+                _dense(dt, k, n), torch.randn(1, k, dtype=dt), n * k * dt.itemsize, stream_bytes)
         for fmt, (maker, bytes_per_weight) in WEIGHT_KERNELS.items():
-            kernels[fmt] = {}
             for act in ("fp32", "bf16"):
                 dt = DTYPES[act]
                 try:
                     make = maker(dt, k, n)
-                    xp = torch.randn(prefill_rows, k, dtype=dt)
-                    prefill_s = _median_s(lambda: make()(xp), 1)   # includes a re-make
-                    kernel = make()
-                    prefill_s = min(prefill_s, _median_s(lambda: kernel(xp), repeats))
-                    decode_s = _streamed(make, torch.randn(1, k, dtype=dt),
-                                         int(n * k * bytes_per_weight), stream_bytes, repeats)
-                except (RuntimeError, AttributeError) as e:   # kernel missing on this build
-                    kernels[fmt][act] = {"error": f"{type(e).__name__}: {e}"[:200]}
-                    continue
-                kernels[fmt][act] = {"prefill": 2 * prefill_rows * k * n / prefill_s,
-                                     "decode": 2 * k * n / decode_s}
+                    probes[fmt, act, "prefill"] = _cached(make(),
+                                                          torch.randn(prefill_rows, k, dtype=dt))
+                    probes[fmt, act, "decode"] = _streamed(
+                        make, torch.randn(1, k, dtype=dt), int(n * k * bytes_per_weight),
+                        stream_bytes)
+                    probes[fmt, act, "prefill"]()       # a kernel missing on this build
+                except (RuntimeError, AttributeError) as e:
+                    errors[fmt, act] = f"{type(e).__name__}: {e}"[:200]
+                    probes.pop((fmt, act, "prefill"), None)
+                    probes.pop((fmt, act, "decode"), None)
+        times: dict = {key: [] for key in probes}
+        for probe in probes.values():                   # warm-up: reorders, caches
+            probe()
+        for _ in range(repeats):
+            for key, probe in probes.items():
+                times[key].append(probe())
         read = read_bandwidth()
     finally:
         torch.set_num_threads(previous)
+    rows = {"prefill": prefill_rows, "decode": 1}
+    rates: dict = {}
+    for (family, name, phase), ts in times.items():
+        rates.setdefault(family, {}).setdefault(name, {})[phase] = \
+            2 * rows[phase] * k * n / statistics.median(ts)
+    kernels = {fmt: {**rates.get(fmt, {}), **{act: {"error": e} for (f, act), e
+                                               in errors.items() if f == fmt}}
+               for fmt in WEIGHT_KERNELS}
     return {"num_threads": hw.cpu.num_threads, "shape_in_out": [k, n],
-            "prefill_rows": prefill_rows, "matmul_flops": matmul,
+            "prefill_rows": prefill_rows, "matmul_flops": rates["dense"],
             "weight_kernels": kernels, "read_bandwidth_bytes_per_s": read,
             "measured_s": round(time.perf_counter() - t_start, 2),
             "load_avg_1m": os.getloadavg()[0],
@@ -170,9 +200,13 @@ def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return num_bytes / _median_s(x.sum, repeats)
 
 
-def best_activation(rates: dict | None, fmt: str, phase: str) -> str | None:
-    """The activation dtype (``fp32``/``bf16``) under which ``fmt``'s kernel ran ``phase``
-    (``prefill``/``decode``) fastest in ``rates``; None without a measurement."""
+def bf16_activation_speedup(rates: dict | None, fmt: str) -> float | None:
+    """How much faster ``fmt``'s kernel ran with bf16 activations than with fp32 ones in
+    ``rates``: the geometric mean of the prefill and decode ratios (one noisy phase
+    cannot flip a choice the other phase makes by a wide margin); None without both."""
     per_act = ((rates or {}).get("weight_kernels") or {}).get(fmt) or {}
-    timed = {act: r[phase] for act, r in per_act.items() if isinstance(r, dict) and phase in r}
-    return max(timed, key=timed.get) if timed else None
+    fp32, bf16 = per_act.get("fp32") or {}, per_act.get("bf16") or {}
+    phases = ("prefill", "decode")
+    if not all(fp32.get(p) and bf16.get(p) for p in phases):
+        return None
+    return ((bf16["prefill"] / fp32["prefill"]) * (bf16["decode"] / fp32["decode"])) ** 0.5

@@ -50,10 +50,9 @@ def kernel_dtype(fmt: str, dtype: torch.dtype, device: torch.device | str) -> to
     if dtype != torch.float32 or torch.device(device).type != "cpu":
         return dtype
     from kvmap.hardware import profile
-    from kvmap.hardware.probes import best_activation
-    rates = profile().rates
-    choices = {best_activation(rates, fmt, phase) for phase in ("prefill", "decode")}
-    return torch.bfloat16 if choices == {"bf16"} else dtype
+    from kvmap.hardware.probes import bf16_activation_speedup
+    speedup = bf16_activation_speedup(profile().rates, fmt)
+    return torch.bfloat16 if speedup is not None and speedup > 1.0 else dtype
 
 
 class Int8Linear:
