@@ -1,12 +1,15 @@
 """kvmap's engine against HF transformers ``generate`` and llama.cpp's server, side by
-side in one run, on the same weights (the embedded SmolLM2-135M GGUF: dense bf16 for
-transformers and our bf16 row, its own Q4_1 for llama.cpp).
+side in one run, on the same weights (the embedded SmolLM2-135M GGUF: dense for
+transformers and our default row, its own Q4_1 for llama.cpp). Each side runs at the
+dtype it runs best on this hardware: the profile's ``auto`` (``kvmap.hardware``: bf16
+where the CPU multiplies bf16 natively, fp32 where it does not), for both kvmap and
+transformers; the record carries the profile and the machine class.
 
 Measures (median of --repeats runs each):
   prefill   tokens/s on a 2,000-token prompt (time to the first token)
-  decode    tokens/s at batch 1 (128 new tokens after a short prompt): our bf16 weights
-            and each --formats weight quantization (``LLM(quantization=...)``), rounds
-            alternating over the formats, each as a ratio to our bf16 and against its
+  decode    tokens/s at batch 1 (128 new tokens after a short prompt): our default
+            weights and each --formats weight quantization (``LLM(quantization=...)``),
+            rounds alternating over the formats, each as a ratio to the default and its
             bandwidth bound (bytes read per step over the read bandwidth of this run:
             the faster of two probes right before and right after these rows; a
             copy's read + write rate swung 46-83 GB/s between two quiet runs)
@@ -15,7 +18,10 @@ Measures (median of --repeats runs each):
   llama.cpp prefill and batch-1 decode from ``llama-server``'s own timings
             (``llamacpp_peer.py`` states the definitions), when it is built
             (``scripts/llamacpp.sh``); else its rows say "not built"
-and the machine's bf16 matrix-multiply rate, to state prefill as a fraction of it.
+and the machine's matrix-multiply rate in the run's dtype at the model's own shapes (the
+hardware profile's prefill GEMM probe, measured in this run), to state prefill as a
+fraction of it: FLOPs counted as the layers' matrix products plus causal attention's two
+products, and the output head for the last token only.
 
     .venv/bin/python benchmarks/engine_vs_hf.py [--repeats 3] [--quick] [--threads 1]
         [--formats int8,w8a8,int4] [--decode-only]
@@ -30,27 +36,34 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import environment, matmul_gflops, median_time_s, write_record  # noqa: E402
+from common import environment, median_time_s, write_record  # noqa: E402
 from llamacpp_peer import LlamaServer, llama_server_binary  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
+from kvmap.hardware import detect, measure  # noqa: E402
+from kvmap.hardware.report import headline  # noqa: E402
 from kvmap.model.loader import embedded_model_path  # noqa: E402
 from kvmap.plan.sim.calibrate import copy_bandwidth, read_bandwidth  # noqa: E402
 from kvmap.workloads.corpus import corpus_text  # noqa: E402
 
 FORMATS = ("int8", "w8a8", "int4")
-# the issue's targets: ours / transformers for the bf16 rows, ours / our bf16 for a
-# weight format's decode, int4 / llama.cpp's Q4_1 for the stretch target
-TARGETS = {"prefill_tokens_per_s": 0.8, "decode_tokens_per_s_batch1": 2.5,
+# issue 29's targets: ours / transformers at each side's best dtype; ours / our default
+# for a weight format's decode; the best format / llama.cpp's Q4_1 at batch-1 decode;
+# prefill as a fraction of the GEMM rate; batch-1 decode as a fraction of its read bound
+TARGETS = {"prefill_tokens_per_s": 1.0, "decode_tokens_per_s_batch1": 2.0,
            "output_tokens_per_s_": 3.0}      # the N-request row, N in its name
-FORMAT_TARGETS = {"int8": 1.4}
+FORMAT_TARGETS = {"int8": 1.6}
+LLAMACPP_TARGET = 0.5          # the best weight format's batch-1 decode / llama.cpp's
+PREFILL_GEMM_TARGET = 0.8
+DECODE_BOUND_TARGET = 0.6
 
 
-def load_hf():
+def load_hf(dtype: str):
     import transformers
     path = embedded_model_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.bfloat16,
+        os.path.dirname(path), gguf_file=os.path.basename(path),
+        dtype={"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype],
         quantization_config=transformers.GgufConfig(dequantize=True))
     return model.eval()
 
@@ -59,6 +72,17 @@ def prompts_of(tokenizer, num: int, num_tokens: int) -> list[list[int]]:
     ids = tokenizer.encode(corpus_text())
     step = max(1, (len(ids) - num_tokens) // max(1, num))
     return [ids[i * step:i * step + num_tokens] for i in range(num)]
+
+
+def prefill_flops(config, num_tokens: int) -> float:
+    """FLOPs of one prefill of ``num_tokens``: every layer's matrix products, causal
+    attention's two products (token i attends to i + 1 keys), the head for the last token."""
+    c = config
+    d = c.head_dim
+    linear = 2 * c.num_layers * c.hidden_size * (
+        (c.num_heads + 2 * c.num_kv_heads) * d + c.num_heads * d + 3 * c.intermediate_size)
+    attention = 2 * 2 * c.num_layers * c.num_heads * d * num_tokens * (num_tokens + 1) / 2
+    return linear * num_tokens + attention + 2 * c.hidden_size * c.vocab_size
 
 
 def hf_generate(model, batch: list[list[int]], new_tokens: int):
@@ -143,42 +167,50 @@ def hf_rows(llm, hf, long_prompt, short_prompt, batch_prompts, n, repeats) -> di
     return rows
 
 
-def format_metrics(llms, decode, bandwidth, llamacpp) -> dict:
+def format_metrics(llms, decode, bandwidth, llamacpp, dtype: str) -> dict:
     base = decode[None]
     out = {}
     print(f"\nbatch-1 decode by weight format (read bandwidth {bandwidth / 1e9:.1f} GB/s: "
-          "the faster of two probes around these rows)")
-    print(f"{'weights':8s} {'tok/s':>8s} {'vs bf16':>8s} {'target':>7s} {'MB/step':>8s} "
+          f"the faster of two probes around these rows); default = dense {dtype}")
+    print(f"{'weights':8s} {'tok/s':>8s} {'vs dflt':>8s} {'target':>7s} {'MB/step':>8s} "
           f"{'bound':>7s} {'of bound':>8s}")
     for q, llm in llms.items():
         step_bytes = decode_bytes_per_step(llm)
         bound = bandwidth / step_bytes
-        key = "bf16" if q is None else q
-        row = {"tokens_per_s": decode[q], "ratio_to_bf16": decode[q] / base,
+        key = dtype if q is None else q
+        row = {"tokens_per_s": decode[q], "ratio_to_default": decode[q] / base,
                "weight_bytes": llm.weight_bytes(), "bytes_read_per_step": step_bytes,
                "bandwidth_bound_tokens_per_s": bound, "fraction_of_bound": decode[q] / bound,
-               "target_ratio_to_bf16": FORMAT_TARGETS.get(q)}
-        if row["target_ratio_to_bf16"] is not None:
-            row["met"] = row["ratio_to_bf16"] >= row["target_ratio_to_bf16"]
-        if q == "int4" and llamacpp.get("decode_tokens_per_s_batch1"):
-            row["ratio_to_llamacpp_q4_1"] = decode[q] / llamacpp["decode_tokens_per_s_batch1"]
-            row["met_llamacpp"] = row["ratio_to_llamacpp_q4_1"] >= 1.0
+               "target_ratio_to_default": FORMAT_TARGETS.get(q)}
+        if q is None:
+            row["target_fraction_of_bound"] = DECODE_BOUND_TARGET
+            row["met_bound"] = row["fraction_of_bound"] >= DECODE_BOUND_TARGET
+        if row["target_ratio_to_default"] is not None:
+            row["met"] = row["ratio_to_default"] >= row["target_ratio_to_default"]
         out[key] = row
-        target = f"{row['target_ratio_to_bf16']:.1f}x" if row["target_ratio_to_bf16"] else "-"
-        print(f"{key:8s} {decode[q]:8.1f} {row['ratio_to_bf16']:7.2f}x {target:>7s} "
+        target = (f"{row['target_ratio_to_default']:.1f}x" if row["target_ratio_to_default"]
+                  else f">={DECODE_BOUND_TARGET:.0%}b" if q is None else "-")
+        print(f"{key:8s} {decode[q]:8.1f} {row['ratio_to_default']:7.2f}x {target:>7s} "
               f"{step_bytes / 1e6:8.1f} {bound:7.1f} {row['fraction_of_bound']:7.0%}")
     lc = llamacpp.get("decode_tokens_per_s_batch1")
     print(f"{'llama.cpp':8s} " + (f"{lc:8.1f} {lc / base:7.2f}x  (Q4_1, llama-server timings)"
                                   if lc else llamacpp["status"]))
-    if "int4" in out and "ratio_to_llamacpp_q4_1" in out["int4"]:
-        print(f"int4 / llama.cpp Q4_1 = {out['int4']['ratio_to_llamacpp_q4_1']:.2f}x "
-              f"(target >= 1.0x)")
+    if lc:
+        best = max((q for q in llms if q is not None), key=lambda q: decode[q], default=None)
+        if best is not None:
+            ratio = decode[best] / lc
+            out["best_format_vs_llamacpp"] = {"format": best, "ratio": ratio,
+                                              "target": LLAMACPP_TARGET,
+                                              "met": ratio >= LLAMACPP_TARGET}
+            print(f"best format ({best}) / llama.cpp Q4_1 = {ratio:.2f}x "
+                  f"(target >= {LLAMACPP_TARGET}x)")
     return out
 
 
-def print_hf(rows: dict, repeats: int) -> dict:
-    print(f"\nkvmap engine vs HF transformers generate, bf16, same weights "
-          f"(median of {repeats}); load average {environment()['load_average']}")
+def print_hf(rows: dict, repeats: int, dtype: str) -> dict:
+    print(f"\nkvmap engine vs HF transformers generate, both dense {dtype} (the best dtype "
+          f"here), same weights (median of {repeats}); load average "
+          f"{environment()['load_average']}")
     print(f"{'metric':34s} {'kvmap':>10s} {'transformers':>13s} {'ratio':>7s} {'target':>7s}")
     metrics = {}
     for name, (ours, theirs) in rows.items():
@@ -216,12 +248,15 @@ def main() -> None:
         n_prefill, n_decode, n_req, n_in, n_out = (500, 32, 8, 100, 32)
         args.repeats = 1
 
-    engine_args = dict(dtype="bf16", kv="bf16", enable_prefix_caching=False,
+    hw = detect()
+    dtype = hw.auto_dtype("cpu")       # each side at its best dtype on this hardware
+    print(f"machine: {headline(hw.summary())}")
+    engine_args = dict(dtype=dtype, kv=dtype, enable_prefix_caching=False,
                        max_num_batched_tokens=2048, max_num_seqs=64)
     llms = {None: LLM(kv_memory="512MiB", **engine_args)}
     for q in args.formats:             # batch 1 only: a small pool is enough
         llms[q] = LLM(kv_memory="64MiB", quantization=q, **engine_args)
-    llm, hf = llms[None], load_hf()
+    llm, hf = llms[None], load_hf(dtype)
     tok = llm.tokenizer
     long_prompt = prompts_of(tok, 1, n_prefill)[0]
     short_prompt = prompts_of(tok, 1, 16)[0]
@@ -240,30 +275,36 @@ def main() -> None:
     llamacpp = llamacpp_rows(args.threads, long_prompt, short_prompt, n_decode,
                              args.repeats, args.decode_only)
 
-    metrics = print_hf(rows, args.repeats)
-    metrics["weight_formats_decode_batch1"] = format_metrics(llms, decode, bandwidth, llamacpp)
+    metrics = print_hf(rows, args.repeats, dtype)
+    metrics["weight_formats_decode_batch1"] = format_metrics(llms, decode, bandwidth, llamacpp,
+                                                             dtype)
     metrics["llamacpp"] = llamacpp
     metrics["read_bandwidth_bytes_per_s"] = {"before_decode": read_before,
                                              "after_decode": read_after, "bound": bandwidth}
     metrics["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
     if "prefill_tokens_per_s" in rows:
-        peak = matmul_gflops(torch.bfloat16)
-        flops_per_token = 2 * llm.engine.model.config.num_params   # dense matmuls, approx.
-        prefill_gflops = rows["prefill_tokens_per_s"][0] * flops_per_token / 1e9
-        print(f"bf16 matmul rate {peak:.0f} GFLOP/s; prefill runs {prefill_gflops:.0f} "
-              f"GFLOP/s = {prefill_gflops / peak:.0%} of it")
+        measured = measure(detect())          # the GEMM probe now, at the model's shapes
+        peak = measured.rates["matmul_flops"][dtype]["prefill"] / 1e9
+        flops = prefill_flops(llm.engine.model.config, n_prefill)
+        prefill_gflops = rows["prefill_tokens_per_s"][0] * flops / n_prefill / 1e9
+        print(f"{dtype} GEMM rate at the model's shapes {peak:.0f} GFLOP/s; prefill runs "
+              f"{prefill_gflops:.0f} GFLOP/s = {prefill_gflops / peak:.0%} of it "
+              f"(target >= {PREFILL_GEMM_TARGET:.0%})")
         if llamacpp.get("prefill_tokens_per_s"):
             print(f"llama.cpp prefill {llamacpp['prefill_tokens_per_s']:.1f} tok/s; ours / it "
                   f"= {rows['prefill_tokens_per_s'][0] / llamacpp['prefill_tokens_per_s']:.2f}x")
-        metrics["bf16_matmul_gflops"] = peak
-        metrics["prefill_fraction_of_matmul_rate"] = prefill_gflops / peak
+        metrics["gemm_gflops_at_model_shapes"] = peak
+        metrics["prefill_gflops"] = prefill_gflops
+        metrics["prefill_fraction_of_gemm_rate"] = prefill_gflops / peak
+        metrics["prefill_gemm_target_met"] = prefill_gflops / peak >= PREFILL_GEMM_TARGET
     print(f"load average {environment()['load_average']}")
     path = write_record("engine_vs_hf", {"repeats": args.repeats, "quick": args.quick,
                                          "threads": args.threads, "formats": args.formats,
                                          "decode_only": args.decode_only,
                                          "prefill_tokens": n_prefill,
                                          "decode_tokens": n_decode, "requests": n_req,
-                                         "prompt_tokens": n_in, "output_tokens": n_out},
+                                         "prompt_tokens": n_in, "output_tokens": n_out,
+                                         "dtype": dtype, "machine_class": hw.machine_class},
                         metrics)
     print(f"record: {path}")
 
