@@ -58,10 +58,13 @@ class KVGeometry:
 
     @classmethod
     def of(cls, model_config, block_size: int = 16) -> "KVGeometry":
-        windows = model_config.layer_windows
+        """The geometry of ``model_config``; its layer windows when it is hybrid
+        (``sliding_layers``: Gemma 3). A window on every layer (Mistral v0.1) stays a
+        planner cap (``kvmap.plan.capacity``), not an engine geometry."""
+        windows = model_config.layer_windows if model_config.sliding_layers is not None \
+            else None
         return cls(model_config.num_layers, model_config.num_kv_heads,
-                   model_config.head_dim, block_size,
-                   windows if any(w is not None for w in windows) else None)
+                   model_config.head_dim, block_size, windows)
 
     def layer_kinds(self) -> dict[str, dict]:
         """``{"global": {"layers": [...]}, "sliding": {"layers": [...], "window": W}}``

@@ -120,8 +120,10 @@ def with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
         raise ValueError(f"num_layers={num_layers!r} must be a positive integer")
     if num_layers == config.num_layers:
         return config
+    sliding = None if config.sliding_layers is None else tuple(
+        i for i in config.sliding_layers if i < num_layers)
     return dataclasses.replace(config, name=f"{config.name}?layers={num_layers}",
-                               num_layers=num_layers)
+                               num_layers=num_layers, sliding_layers=sliding)
 
 
 def with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:

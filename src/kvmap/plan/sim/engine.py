@@ -37,6 +37,7 @@ import math
 from collections import deque
 from dataclasses import replace
 
+from kvmap.kv.spec import KVGeometry
 from kvmap.plan import capacity
 from kvmap.plan.sim.arrivals import Arrivals
 from kvmap.plan.sim.blocks import BlockStore
@@ -62,13 +63,19 @@ class Simulator:
                              config.weights)
         self.num_hbm_blocks = self._pool_blocks()
         self.policy = config.kv.policy
-        self.window = config.model.config.sliding_window
-        self.num_layers = config.model.config.num_layers
+        mconf = config.model.config
+        # a window on every layer (Mistral v0.1) caps every layer; a hybrid model's
+        # sliding layers are counted per layer (capacity.hybrid_layer_blocks)
+        self.window = mconf.sliding_window if mconf.sliding_layers is None else None
+        self.num_layers = mconf.num_layers
         self.contiguous = e.reservation == "contiguous"
         self.reserve_tokens = e.reservation_tokens or config.model.config.max_position_embeddings
         # layer_budgets: each layer frees its hole; shares no prefix blocks
         self.per_layer = capacity.per_layer_tables(config.kv, config.model.config,
                                                    e.block_size, bool(config.tiers))
+        # a hybrid model with per-layer tables: its layer windows (as the engine holds them)
+        self.windows = KVGeometry.of(mconf, e.block_size).layer_windows \
+            if self.per_layer else None
         self.keyed = (e.enable_prefix_caching and not self.window
                       and e.hbm_window_tokens is None and not self.contiguous
                       and not self.per_layer)
@@ -112,6 +119,8 @@ class Simulator:
             return 0
         if self.contiguous:          # the whole reservation from the first token on
             return math.ceil(max(num_tokens, self.reserve_tokens) / self.block_size)
+        if self.windows is not None:          # hybrid: layer blocks, in whole groups
+            return math.ceil(self._layer_blocks(st, num_tokens, compressed) / self.num_layers)
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
         if st.compacted and not compressed:      # continues a compacted state
@@ -126,6 +135,12 @@ class Simulator:
         return capacity.resident_blocks(num_tokens, self.block_size, policy, self.window,
                                         num_layers=self.num_layers,
                                         num_prompt_tokens=st.req.prompt_tokens)
+
+    def _layer_blocks(self, st: SimState, num_tokens: int, compressed: bool) -> int:
+        """A hybrid model's layer blocks for ``num_tokens`` (``hybrid_layer_blocks``)."""
+        return capacity.hybrid_layer_blocks(num_tokens, self.block_size,
+                                            self.policy if compressed else None, self.windows,
+                                            num_prompt_tokens=st.req.prompt_tokens)
 
     def _resident_tokens(self, st: SimState, num_computed: int) -> int:
         if num_computed <= 0:
@@ -350,6 +365,9 @@ class Simulator:
             st.peak_hbm_blocks = max(st.peak_hbm_blocks, st.num_hbm_blocks)
             st.peak_total_blocks = max(st.peak_total_blocks, st.num_hbm_blocks + st.num_offloaded)
             self._trim(st)
+            if self.windows is not None:      # the exact figure, once the step's blocks slid
+                st.peak_layer_blocks = max(st.peak_layer_blocks, self._layer_blocks(
+                    st, st.num_computed, st.num_computed >= st.req.prompt_tokens))
             if st.num_computed == st.num_tokens:
                 st.num_output += 1
                 st.token_times_s.append(self.now_s)

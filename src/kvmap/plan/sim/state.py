@@ -26,6 +26,7 @@ class SimState:
     num_preemptions: int = 0
     peak_hbm_blocks: int = 0
     peak_total_blocks: int = 0
+    peak_layer_blocks: int = 0         # a hybrid model: layer blocks, exact (one layer's each)
     final_hbm_blocks: int = 0          # held when the last token was computed
     prefetched: bool = False           # its prefix was staged ahead
     # a selection policy compacted it, or it continues a compacted state (then it holds
