@@ -58,6 +58,17 @@ def per_layer_tables(kv_config, model_config, block_size: int, has_tiers: bool) 
                                   has_tiers)
 
 
+def window_layout(model_config, block_size: int, per_layer_tables: bool
+                  ) -> tuple[int | None, tuple[int | None, ...] | None]:
+    """``(window, windows)``: a window on every layer (Mistral v0.1), which caps every
+    layer's residency, or a hybrid model's per-layer windows, counted per layer
+    (:func:`hybrid_layer_blocks`) when the engine has per-layer tables for them."""
+    if model_config.sliding_layers is None:
+        return model_config.sliding_window, None
+    windows = KVGeometry.of(model_config, block_size).layer_windows
+    return None, windows if per_layer_tables else None
+
+
 def resident_tokens_per_seq(context_tokens: int, policy: Policy | None = None,
                             sliding_window: int | None = None, *,
                             num_layers: int | None = None,

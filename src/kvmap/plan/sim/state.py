@@ -35,6 +35,12 @@ class SimState:
     base_tokens: int = 0
     base_slots: int = 0
 
+    def hold_layer_blocks(self, num_layer_blocks: int, num_layers: int) -> int:
+        """A hybrid model's layer blocks for its tokens (kept as the exact peak); returns
+        them in whole groups of one block per layer, the pool's unit."""
+        self.peak_layer_blocks = max(self.peak_layer_blocks, num_layer_blocks)
+        return -(-num_layer_blocks // num_layers)
+
     @property
     def num_tokens(self) -> int:
         return self.req.prompt_tokens + self.num_output
