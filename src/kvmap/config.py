@@ -63,6 +63,13 @@ class ModelConfig:
     rope_scaling: dict | None = None       # Llama-3.1 style {"rope_type": "llama3", ...}
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # the decoder that runs it (kvmap.model.DECODERS): "llama" or "gemma3"
+    architecture: str = "llama"
+    # layers that attend through ``sliding_window`` (Gemma 3: five of every six); None:
+    # every layer when ``sliding_window`` is set (Mistral v0.1)
+    sliding_layers: tuple[int, ...] | None = None
+    rope_local_theta: float | None = None      # RoPE base of the sliding layers (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2; None: head_dim
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -74,6 +81,40 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or self.sliding_window < 1):
+            raise ValueError(f"ModelConfig.sliding_window={self.sliding_window!r} must be a "
+                             f"positive integer or None")
+        if self.sliding_layers is not None:
+            if self.sliding_window is None:
+                raise ValueError(f"ModelConfig.sliding_layers={self.sliding_layers!r} needs "
+                                 f"a sliding_window")
+            bad = [i for i in self.sliding_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"ModelConfig.sliding_layers has layer {bad[0]}, outside "
+                                 f"0..{self.num_layers - 1}")
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ModelConfig":
+        """The inverse of ``dataclasses.asdict`` through JSON (lists back to tuples)."""
+        fields = dict(fields)
+        fields["eos_token_ids"] = tuple(fields.get("eos_token_ids", ()))
+        if fields.get("sliding_layers") is not None:
+            fields["sliding_layers"] = tuple(fields["sliding_layers"])
+        return cls(**fields)
+
+    def layer_window(self, layer: int) -> int | None:
+        """Tokens layer ``layer`` attends to (itself included), None for a global layer."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_layers is None or layer in self.sliding_layers:
+            return self.sliding_window
+        return None
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """``layer_window`` of every layer."""
+        return tuple(self.layer_window(i) for i in range(self.num_layers))
 
     @property
     def q_per_kv(self) -> int:
@@ -86,6 +127,8 @@ class ModelConfig:
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         mlp = 3 * h * self.intermediate_size
         per_layer = attn + mlp + 2 * h
+        if self.architecture == "gemma3":     # pre/post FFN norms, q and k norms
+            per_layer += 2 * h + 2 * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 

@@ -152,6 +152,9 @@ class Request:
         self.kv_holes: dict | None = None
         self.policy_layer_budgets: list[int] | None = None   # memo of the policy's split
         self.page_faults = 0                  # paged-out pages lost (engine.MAX_PAGE_FAULTS)
+        # hybrid models: leading groups of block_ids whose sliding-layer blocks went back
+        # to the pool (PagedKVCache.release_slid_out)
+        self.num_slid_out_blocks = 0
         # teacher forcing: the next tokens are these instead of sampled ones, and the
         # logits of every sampling step are kept (Engine.score)
         self.forced_token_ids: list[int] | None = None

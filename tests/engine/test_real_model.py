@@ -82,3 +82,40 @@ def test_paged_long_prompt_retrieves_passkey_like_unpaged(real_llm_fp32, tmp_pat
     assert paging["num_pages_out"] > 0 and paging["num_page_faults"] == 0
     assert got.token_ids == want.token_ids
     assert contains_key(got.text, case.key) == contains_key(want.text, case.key)
+
+
+# ---- the engine's equivalences on both real models (SmolLM2: full attention; Gemma 3:
+# sliding-window and global layers) -----------------------------------------------------
+EQUIVALENCE_PROMPTS = ["The capital of France is", "def add(a, b):",
+                       "Once upon a time, in a small village,"]
+MODELS = {"smollm2": "real_llm_fp32", "gemma3-270m": "gemma_llm_fp32"}
+
+
+@pytest.fixture(params=list(MODELS))
+def real_model(request):
+    return request.param, request.getfixturevalue(MODELS[request.param])
+
+
+def test_batch_equals_alone(real_model):
+    _, llm = real_model
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    alone = [llm.generate([p], params)[0].token_ids for p in EQUIVALENCE_PROMPTS]
+    together = [o.token_ids for o in llm.generate(EQUIVALENCE_PROMPTS, params)]
+    assert together == alone
+
+
+def test_small_blocks_and_preemption_give_the_same_tokens(real_model):
+    """Blocks of 4 tokens in a pool too small for the three requests at once: the
+    engine preempts and recomputes, and every request gets the tokens it gets alone in
+    a roomy pool of 16-token blocks."""
+    from kvmap import LLM
+    name, llm = real_model
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    want = [o.token_ids for o in llm.generate(EQUIVALENCE_PROMPTS, params)]
+    tight = LLM(model=name, dtype="fp32", kv="fp32", num_blocks=10, block_size=4,
+                max_num_batched_tokens=32, device="cpu")
+    got = [o.token_ids for o in tight.generate(EQUIVALENCE_PROMPTS, params)]
+    assert tight.kv_usage()["num_preemptions"] > 0
+    assert got == want
+    tight.engine.check_integrity()
+    assert tight.kv_usage()["num_blocks_used"] == 0

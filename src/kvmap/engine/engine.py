@@ -22,6 +22,7 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.layer_pool import wants_per_layer_tables
+from kvmap.kv.layer_kinds import warn_layer_kinds
 from kvmap.kv.offload_prefill import check_fits, offloads
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
@@ -34,6 +35,7 @@ from kvmap.engine.sampler import sample
 from kvmap.engine.stats import EngineStats, LoadCounters, TierUsage
 from kvmap.engine.scheduler import Scheduler
 from kvmap.engine.stop_strings import stop_in_tail
+from kvmap.model.decoders import build_decoder
 from kvmap.model.llama import LlamaModel
 from kvmap.request import Request, RequestOutput, RequestStatus, SamplingParams
 
@@ -61,10 +63,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.model_id = loaded.model_id
         if model is None:
-            model = LlamaModel(loaded.config, loaded.weights, self.dtype, self.device,
-                               getattr(loaded, "quantization", None),
-                               getattr(loaded, "int4_groups", None),
-                               getattr(loaded, "calibration_ids", None))
+            model = build_decoder(loaded, self.dtype, self.device)
         self.model = model
         loaded.weights = None     # the model holds the fused copies now
         cc = config.cache
@@ -80,8 +79,10 @@ class Engine:
         num_blocks = cc.num_blocks or num_blocks_for_budget(
             codec, self.geom, self.kv_budget_bytes(), self.dtype)
         tiers = self.kv_config.tiers
+        has_tiers = tiers is not None and bool(tiers.levels)
         per_layer = wants_per_layer_tables(self.kv_config.policy, codec, self.geom, self.dtype,
-                                           tiers is not None and bool(tiers.levels))
+                                           has_tiers)
+        warn_layer_kinds(self.geom, self.kv_config, per_layer, codec, self.dtype, has_tiers)
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype,
                                per_layer_tables=per_layer)
         # a selection policy keeps prefix caching: compaction writes only into blocks
@@ -97,8 +98,10 @@ class Engine:
         # hard eviction: a finished compacted sequence is kept for the next turn
         compacted = CompactedStates(salt) if salt is not None and policy is not None \
             and policy.evict_to is None else None
+        # paging merges a paged-out front into every layer: not for sliding layers
         self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store, min_last_chunk,
-                                   allow_paging=policy is None, compacted=compacted)
+                                   allow_paging=policy is None and not self.geom.sliding_layers,
+                                   compacted=compacted)
         self.runner = ModelRunner(self.model, self.kv)
         self.policy = self.kv_config.policy
         self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
@@ -159,7 +162,8 @@ class Engine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        need_blocks = -(-len(prompt_token_ids) // self.kv.block_size)
+        need_blocks = self.kv.peak_blocks(len(prompt_token_ids),
+                                          self.config.scheduler.max_num_batched_tokens)
         pool_blocks = self.kv.pool.num_blocks
         pager = self.scheduler.pager
         if offloads(self.policy):          # pages its own prompt: only its peak must fit
@@ -273,6 +277,8 @@ class Engine:
         for req, n in items:
             req.num_computed_tokens += n
             req.num_kv_slots += n
+            req.num_slid_out_blocks = self.kv.release_slid_out(
+                req.block_ids, req.num_kv_slots, req.num_slid_out_blocks)
             if register:
                 self.scheduler.register_full_blocks(req)
 

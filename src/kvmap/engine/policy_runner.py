@@ -31,6 +31,14 @@ out of the next selection; new tokens go after ``budget`` as usual:
 With per-layer block tables (the cache's ``per_layer_tables``, on for ``layer_budgets``:
 ``kvmap.kv.layer_pool``) the blocks wholly inside a hole go back to the pool
 (``PagedKVCache.release_holes``); the slot layout, and so attention, is the same.
+
+A hybrid model's sliding-window layers are left alone by the policy
+(``kvmap.kv.layer_kinds``): they are not scored, and compaction moves their last
+``n = min(W - 1, budget)`` tokens -- all the next query sees -- to the end of the
+compacted range, so slot distance stays position distance for their window mask:
+
+    global  (budget 6):  [k k k k k k|n]        policy's choice
+    sliding (W = 4):     [. . . r r r|n]        last W - 1 = 3 tokens, in time order
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import torch
 
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compaction import (compact_layer, destination_blocks, read_sequence,
-                                 release_blocks)
+                                 release_blocks, slots_of)
 from kvmap.kv.offload_prefill import OffloadPrefill, offloads
 from kvmap.kv.policies.base import Policy, ScoreInputs
 from kvmap.model.attention import AttentionMetadata
@@ -125,12 +133,15 @@ class PolicyRunner:
         if not self.policy.needs_accumulated_attention:
             return
         L = req.num_kv_slots
-        if is_decode and step_scores is not None:
+        windows = self.kv.geom.windows
+        if is_decode and step_scores is not None and not self.kv.geom.sliding_layers:
             new = step_scores[:, where, :, :L]                            # (layers, H, L)
-        else:
-            new = torch.stack([meta.scores[layer].decode[where, :, :L] if is_decode
-                               else meta.scores[layer].accumulated[where]
-                               for layer in range(self.num_layers)])
+        else:       # a sliding layer is not scored (its window is kept): zeros
+            new = torch.stack([
+                torch.zeros(self.kv.geom.num_kv_heads, L, device=self.kv.device)
+                if windows[layer] is not None
+                else meta.scores[layer].decode[where, :, :L] if is_decode
+                else meta.scores[layer].accumulated[where] for layer in range(self.num_layers)])
         old = req.policy_acc
         if old is not None:
             new = new.clone()
@@ -153,9 +164,39 @@ class PolicyRunner:
             return self.offload.read_layer(req, layer)
         return read_sequence(self.kv, layer, req.block_ids, num_slots)
 
+    def _window_tails(self, req: Request, budget: int) -> dict[int, list[int]]:
+        """Sliding layer -> the groups of ``req.block_ids`` its kept window goes to
+        (the slots ``budget - n .. budget - 1``, ``n = min(W - 1, budget)``)."""
+        bs, out = self.kv.block_size, {}
+        for layer in self.kv.geom.sliding_layers:
+            n = min(self.kv.geom.windows[layer] - 1, budget, req.num_kv_slots)
+            out[layer] = list(range((budget - n) // bs, -(-budget // bs))) if n else []
+        return out
+
+    def _keep_window(self, layer: int, dst: list[int], k: torch.Tensor, v: torch.Tensor,
+                     budget: int) -> None:
+        """A sliding layer's compaction: its last ``n`` slots (k, v (L, H, D) as read)
+        into slots ``budget - n .. budget - 1`` of ``dst``."""
+        n = min(self.kv.geom.windows[layer] - 1, budget, k.shape[0])
+        if not n:
+            return
+        slots = slots_of(self.kv.layer_block_ids(layer, dst[:-(-budget // self.kv.block_size)]),
+                         budget, self.kv.block_size)[budget - n:].to(self.kv.device)
+        self.kv.codec.write(self.kv.layers[layer], slots, k[-n:].contiguous(),
+                            v[-n:].contiguous())
+
     def _compress(self, req: Request, budget: int, meta: AttentionMetadata,
                   is_decode: bool, where: int) -> None:
         L = self.offload.num_slots(req) if self.offload is not None else req.num_kv_slots
+        tails = self._window_tails(req, budget) if self.kv.per_layer_tables else {}
+        need = sum(self.kv.pool.members[req.block_ids[j], layer] < 0
+                   for layer, groups in tails.items() for j in groups)
+        if need > len(getattr(self.kv.pool, "free_layer_blocks", ())):
+            self.num_deferred += 1      # no block to write a sliding window back into
+            return
+        for layer, groups in tails.items():
+            for j in groups:
+                self.kv.pool.acquire(req.block_ids[j], layer)
         dst = destination_blocks(self.kv, req.block_ids, budget)
         if dst is None:         # no block to copy shared ones into: retry next step
             self.num_deferred += 1
@@ -166,8 +207,14 @@ class PolicyRunner:
         # a preempted request restarts with evicted=False: its old holes no longer apply
         holes = (req.kv_holes if req.evicted else None) or {}
         new_holes, kept_accs = {}, []
+        windows = self.kv.geom.windows
         for layer, layer_budget in enumerate(self.layer_budgets(req)):
             k, v = self._read_layer(req, layer, L)
+            if windows[layer] is not None:            # left alone: its window, moved
+                self._keep_window(layer, dst, k, v, budget)
+                if acc is not None:
+                    kept_accs.append(torch.zeros(acc.shape[1], budget, device=acc.device))
+                continue
             window = None
             if self.policy.needs_window_attention:
                 stats = meta.scores[layer]
@@ -198,6 +245,7 @@ class PolicyRunner:
         if self.offload is not None:
             self.offload.release(req)          # the kept tokens are back in the pool
         self.kv.release_holes(req.block_ids, req.kv_holes)     # per-layer tables only
+        req.num_slid_out_blocks = self.kv.release_slid_out(req.block_ids, budget, 0)
         req.num_kv_slots = budget
         req.evicted = True
         self.num_compressions += 1

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvmap.engine.layer_tables import per_layer_metas
+from kvmap.engine.layer_tables import per_layer_metas, window_sources
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, LayerHoles, PrefillSegment
-from kvmap.model.llama import LlamaModel
 from kvmap.request import Request
 
 
@@ -39,7 +38,8 @@ def slot_ids_of(block_ids: list[int], start: int, count: int, block_size: int) -
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: PagedKVCache):
+    def __init__(self, model, kv: PagedKVCache):
+        """``model``: a decoder (``kvmap.model.decoders``) over ``kv``."""
         self.model = model
         self.kv = kv
         self.device = model.device
@@ -95,8 +95,13 @@ class ModelRunner:
             meta.want_scores = True
             meta.observation_window = policy.observation_window
             meta.accumulate = policy.needs_accumulated_attention
+        windows = self.kv.geom.windows
+        sources = window_sources(meta, windows, decode_tables, decode_lens, bs) \
+            if self.kv.geom.sliding_layers else None
         if self.kv.per_layer_tables:
-            meta.layers = per_layer_metas(meta, self.kv.pool)
+            meta.layers = per_layer_metas(meta, self.kv.pool, sources)
+        elif sources is not None:    # shared table: sliding layers keep all, masked
+            meta.layers = sources
         if self.kv.tiers is not None:     # prefix blocks still being copied in, per layer
             meta.layer_loads = self.kv.tiers.loads.pending()
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),

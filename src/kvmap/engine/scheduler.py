@@ -106,6 +106,7 @@ class Scheduler:
         req.block_ids = []
         req.num_kv_slots = 0
         req.num_hashed_blocks = 0
+        req.num_slid_out_blocks = 0
 
     # ---- step --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:

@@ -8,17 +8,23 @@ With ``per_layer_tables`` (per-layer budgets; ``kvmap.kv.layer_pool``) every lay
 reads one store of ``num_layers * num_blocks`` layer blocks instead, and each layer has
 its own table (``layer_block_ids``), so a layer that keeps fewer tokens gives its
 blocks back. Same bytes, same codec; only a codec without per-layer state can do it.
+
+A hybrid model's sliding-window layers (``geom.layer_windows``) use the same per-layer
+tables: ``release_slid_out`` gives back each sliding layer's blocks that no query can
+see any more, so such a layer holds at most ``layer_resident_blocks`` blocks of a
+sequence. Where per-layer tables are impossible (a codec with per-layer state, tiers),
+the sliding layers keep their whole context, masked out of attention.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kvmap.kv.codecs import Codec, LayerStore
 from kvmap.kv.layer_pool import LayerBlockPool, shareable
 from kvmap.kv.pool import BlockPool
-from kvmap.kv.spec import KVGeometry
+from kvmap.kv.spec import KVGeometry, first_live_slot, peak_layer_blocks
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,9 @@ class KVUsage:
     tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
     staging_bytes: int = 0       # staging rows of blocks in use (KIVI's residual window)
     layer_tables: str = "shared"   # "per-layer": kvmap.kv.layer_pool (blocks are groups)
+    # hybrid models: per layer kind (``KVGeometry.layer_kinds``), its layers, window,
+    # bytes per token and resident bytes; empty for a model whose layers are all global
+    layer_kinds: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -43,6 +52,7 @@ class KVUsage:
             "tiers": dict(self.tiers),
             "staging_bytes": self.staging_bytes,
             "layer_tables": self.layer_tables,
+            **({"layer_kinds": self.layer_kinds} if self.layer_kinds else {}),
         }
 
 
@@ -109,6 +119,53 @@ class PagedKVCache:
             return 0
         return self.pool.release_holes(block_ids, holes)
 
+    def peak_blocks(self, num_tokens: int, chunk_tokens: int) -> int:
+        """Blocks (whole groups' worth, with per-layer tables) a sequence of
+        ``num_tokens`` needs at its peak when prefilled in ``chunk_tokens`` chunks: its
+        table, or with sliding layers releasing theirs, ``peak_layer_blocks`` spread
+        over the layers."""
+        if not (self.per_layer_tables and self.geom.sliding_layers):
+            return -(-num_tokens // self.block_size)
+        return -(-peak_layer_blocks(num_tokens, chunk_tokens, self.geom)
+                 // self.geom.num_layers)
+
+    def release_slid_out(self, block_ids: list[int], num_slots: int,
+                         num_released: int) -> int:
+        """Give back, in every sliding layer, the blocks of groups
+        ``block_ids[num_released:]`` that lie wholly before the layer's
+        ``first_live_slot(num_slots)`` (no later query sees them). Returns how many
+        leading groups are released now (the caller keeps it, as ``num_released`` of
+        the next call). A no-op without per-layer tables (sliding layers then keep their
+        context, masked)."""
+        if not (self.per_layer_tables and self.geom.sliding_layers):
+            return num_released
+        ends = []
+        for layer in self.geom.sliding_layers:
+            layer_end = min(len(block_ids), first_live_slot(
+                num_slots, self.geom.windows[layer]) // self.block_size)
+            for j in range(num_released, layer_end):
+                self.pool.release(block_ids[j], layer)     # False if it already was
+            ends.append(layer_end)
+        return max(num_released, min(ends))
+
+    def layer_kinds_usage(self) -> dict:
+        """Per layer kind: its layers, window, bytes per token of the codec (one layer's
+        block / block size, times the layers) and resident bytes now; {} when every
+        layer is global."""
+        if not self.geom.sliding_layers:
+            return {}
+        used = self.pool.layer_blocks_in_use() if self.per_layer_tables else \
+            [self.pool.num_used] * self.geom.num_layers
+        out = {}
+        for kind, info in self.geom.layer_kinds().items():
+            layers = info["layers"]
+            out[kind] = {**info, "num_layers": len(layers),
+                         "bytes_per_token": len(layers) * self.layer_block_bytes
+                         // self.block_size,
+                         "resident_bytes": sum(used[i] for i in layers)
+                         * self.layer_block_bytes}
+        return out
+
     def resident_block_bytes(self) -> int:
         """Bytes of the blocks in use, all layers: exact with per-layer tables too."""
         if self.per_layer_tables:
@@ -129,4 +186,5 @@ class PagedKVCache:
             tiers=self.tiers.resident() if self.tiers is not None else {},
             staging_bytes=staged,
             layer_tables="per-layer" if self.per_layer_tables else "shared",
+            layer_kinds=self.layer_kinds_usage(),
         )

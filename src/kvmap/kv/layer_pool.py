@@ -21,6 +21,11 @@ slot ``B`` when ``B`` (the largest layer budget) is not a multiple of ``bs`` (ne
 land there), plus one block per group of tokens decoded since. Resident bytes are
 ``layer blocks used x bytes of one layer's block``, exactly.
 
+The same mechanism holds a hybrid model's sliding-window layers (``KVGeometry.
+layer_windows``): once a sequence's next query can no longer see a group's slots, the
+group's blocks of every sliding layer go back to the pool (``PagedKVCache.
+release_slid_out``), while its global layers keep theirs.
+
 Prefix caching is off here (a group is never shared: refcounts are 0 or 1), and codecs
 that keep per-layer state (static scales, KIVI's staging rows) cannot share one store:
 ``shareable`` says which.
@@ -45,24 +50,37 @@ def shareable(codec, geom, compute_dtype) -> bool:
 
 
 def wants_per_layer_tables(policy, codec, geom, compute_dtype, has_tiers: bool) -> bool:
-    """Whether a cache for this configuration gets per-layer tables: only for a policy
-    with ``layer_budgets`` (the default path keeps the shared table). Its
+    """Whether a cache for this configuration gets per-layer tables: for a model with
+    sliding-window layers (their blocks slide out), and for a policy with
+    ``layer_budgets`` (the default path keeps the shared table). The policy's
     ``layer_tables`` option decides; unset, per-layer where the codec is ``shareable``
-    and there are no tiers (they index blocks by prefix hash), shared (masked) otherwise.
-    ``layer_tables=per-layer`` that cannot be honoured raises a ValueError naming why."""
-    if policy is None or policy.options.get("layer_budgets") is None:
+    and there are no tiers (they index blocks by prefix hash), shared (masked) otherwise
+    (``per_layer_tables_blocker`` says why). ``layer_tables=per-layer`` that cannot be
+    honoured raises a ValueError naming why. ``layer_budgets`` on a model with sliding
+    layers is a ValueError (a sliding layer keeps its window, not a budget)."""
+    budgets = policy is not None and policy.options.get("layer_budgets") is not None
+    if budgets and geom.sliding_layers:
+        raise ValueError(f"{policy!r}: layer_budgets on a model with sliding-window layers "
+                         f"is not supported (they keep their window); drop layer_budgets")
+    if not budgets and not geom.sliding_layers:
         return False
-    asked = policy.options.get("layer_tables")
+    asked = policy.options.get("layer_tables") if policy is not None else None
     if asked == "shared":
         return False
-    why = None if shareable(codec, geom, compute_dtype) else \
-        f"codec {codec!r} keeps per-layer state (static scales or staging rows)"
-    if why is None and has_tiers:
-        why = "tiers(...) keep blocks by prefix hash, which per-layer tables do not have"
+    why = per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers)
     if why is not None and asked == "per-layer":
         raise ValueError(f"{policy!r}: layer_tables=per-layer needs one store shared by "
                          f"every layer, but {why}; use layer_tables=shared")
     return why is None
+
+
+def per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers: bool) -> str | None:
+    """Why this codec and tier layout cannot have per-layer tables, or None."""
+    if not shareable(codec, geom, compute_dtype):
+        return f"codec {codec!r} keeps per-layer state (static scales or staging rows)"
+    if has_tiers:
+        return "tiers(...) keep blocks by prefix hash, which per-layer tables do not have"
+    return None
 
 
 class LayerBlockPool:
@@ -156,6 +174,25 @@ class LayerBlockPool:
         self.members[group, layer] = RELEASED
         self.free_layer_blocks[block_id] = None
         return True
+
+    def acquire(self, group: int, layer: int) -> bool:
+        """Give layer ``layer`` of ``group`` a block again where it was released (a
+        compaction writes a sliding layer's window back into the first groups). Returns
+        False, changing nothing, when no layer block is free."""
+        if int(self.members[group, layer]) != RELEASED:
+            return True
+        if not self.free_layer_blocks:
+            return False
+        block_id = next(iter(self.free_layer_blocks))
+        del self.free_layer_blocks[block_id]
+        self.members[group, layer] = block_id
+        self.peak_num_used_layer_blocks = max(self.peak_num_used_layer_blocks,
+                                              self.num_used_layer_blocks)
+        return True
+
+    def layer_blocks_in_use(self) -> list[int]:
+        """Blocks each layer holds now (num_layers,)."""
+        return (self.members >= 0).sum(0).tolist()
 
     def release_holes(self, block_ids: list[int], holes: dict[int, tuple[int, int]]) -> int:
         """For each layer -> (first, end) hole, release the layer's blocks lying wholly

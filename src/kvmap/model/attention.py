@@ -12,7 +12,13 @@ query reads back only its own sequence's blocks (``codec.read``), so attention a
 sees exactly what the cache holds (quantized or not), and no step dequantizes more than
 the blocks of the sequences in the batch.
 
-Masks are built once per step (``AttentionMetadata``) and shared by all layers.
+Masks are built once per step (``AttentionMetadata``) and shared by all layers of one
+kind. A sliding-window layer (``window`` = W tokens, itself included) gets metadata of
+its own (``windowed``): each sequence's table starts at the block holding its first
+visible key, the decode mask hides keys more than W - 1 behind the query, and prefill
+tiles read only the keys their queries can see:
+
+    keys ->    |<- released ->|<---- W - 1 ---->|q      query at slot q sees q-W+1 .. q
 
 A sequence paged through the tiers (``kvmap.kv.tiers.pager``) holds only its recent
 blocks in the pool; its block table and slot count describe that resident part, and
@@ -98,12 +104,19 @@ class AttentionMetadata:
     # prefix blocks being copied into the pool layer by layer (kvmap.kv.tiers.
     # layer_loader.LayerLoader): wait(layer) before a layer reads or writes its store
     layer_loads: object | None = None
+    # a sliding-window layer's metadata (``windowed``): keys visible to a query, itself
+    # included; None: every key of the context
+    window: int | None = None
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
               decode_kv_lens: list[int], prefills: list[PrefillSegment], block_size: int,
-              device, dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
-        meta = cls(slot_ids=slot_ids, num_decode=len(decode_tables), prefills=prefills)
+              device, dtype: torch.dtype = torch.float32,
+              window: int | None = None) -> "AttentionMetadata":
+        """``window``: the metadata of a sliding-window layer; ``decode_tables`` and
+        ``prefills`` are then already cut to their first visible block (``windowed``)."""
+        meta = cls(slot_ids=slot_ids, num_decode=len(decode_tables), prefills=prefills,
+                   window=window)
         if decode_tables:
             nb = max(len(t) for t in decode_tables)
             padded = [t + [t[0]] * (nb - len(t)) for t in decode_tables]  # pad: masked out
@@ -111,16 +124,48 @@ class AttentionMetadata:
             lens = torch.tensor(decode_kv_lens, device=device)
             key_idx = torch.arange(nb * block_size, device=device)
             visible = key_idx[None, :] < lens[:, None]                     # (B, L)
+            if window is not None:        # the query is key len-1: keys len-W .. len-1
+                visible &= key_idx[None, :] >= lens[:, None] - window
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=device)
             meta.decode_mask = mask.masked_fill_(~visible, NEG_INF)[None, :, None, :].to(dtype)
+        return meta
+
+    def windowed(self, window: int, decode_tables: list[list[int]],
+                 decode_kv_lens: list[int], block_size: int) -> "AttentionMetadata":
+        """This step's metadata for a layer that attends through ``window`` tokens.
+        ``decode_tables`` / ``decode_kv_lens``: what ``build`` got. Each table starts at
+        the block of its first visible key -- ``first = (slots - chunk - W + 1) // bs``
+        blocks of it are dead for every query of the step -- and slots count from there;
+        the write slots, holes and statistics dicts are this metadata's own."""
+        def first_block(num_slots: int, num_queries: int) -> int:
+            return max(0, num_slots - num_queries - window + 1) // block_size
+
+        tables, lens = [], []
+        for table, n in zip(decode_tables, decode_kv_lens):
+            first = first_block(n, 1)
+            tables.append(table[first:])
+            lens.append(n - first * block_size)
+        prefills = []
+        for seg in self.prefills:
+            first = first_block(seg.num_kv_slots, seg.end - seg.start)
+            prefills.append(PrefillSegment(seg.start, seg.end, seg.block_ids[first:],
+                                           seg.num_kv_slots - first * block_size,
+                                           seg.completes_prompt))
+        dtype = self.decode_mask.dtype if self.decode_mask is not None else torch.float32
+        meta = AttentionMetadata.build(self.slot_ids, tables, lens, prefills, block_size,
+                                       self.slot_ids.device, dtype, window)
+        for name in ("want_scores", "observation_window", "accumulate", "scores", "holes",
+                     "offloaded_decode", "offloaded_prefill", "layer_loads"):
+            setattr(meta, name, getattr(self, name))
         return meta
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: LayerStore,
                     codec: Codec, meta: AttentionMetadata, num_kv_heads: int,
-                    layer_idx: int = 0) -> torch.Tensor:
+                    layer_idx: int = 0, scale: float | None = None) -> torch.Tensor:
     """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
-    Mutates ``store`` (writes k, v at ``meta.slot_ids``)."""
+    Mutates ``store`` (writes k, v at ``meta.slot_ids``). Scores are scaled by ``scale``,
+    by default ``D ** -0.5``."""
     if meta.layer_loads is not None:
         meta.layer_loads.wait(layer_idx)
     if meta.layers is not None:          # per-layer block tables: this layer's own
@@ -128,7 +173,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
     T, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     codec.write(store, meta.slot_ids, k, v)
-    q = q * head_dim ** -0.5
+    q = q * (head_dim ** -0.5 if scale is None else scale)
     out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
     if meta.num_decode:
         _decode(q, store, codec, meta, num_kv_heads, layer_idx, out)
@@ -153,10 +198,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
             stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole, front)
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
                if ctx is not None else None)
-        if acc is None and hole is None and flash_usable(qs):
+        if acc is None and hole is None and meta.window is None and flash_usable(qs):
             o = _flash_chunk(qs, kc.transpose(1, 2), vc, L - C, lse)     # (H, G, C, D)
-        else:
-            o = _causal_chunk(qs, kc, vc, L - C, acc, lse, hole)          # (H, G, C, D)
+        else:                                  # a sliding layer's band mask: tiled
+            o = _causal_chunk(qs, kc, vc, L - C, acc, lse, hole, meta.window)
         if ctx is not None:
             o = _with_offloaded(qs, o, lse, ctx, layer_idx).to(o.dtype)
         out[seg.start:seg.end] = o.permute(2, 0, 1, 3).reshape(C, num_heads * head_dim)
@@ -291,7 +336,8 @@ def _window_attention(qs: torch.Tensor, kc: torch.Tensor, window: int,
 def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                   num_past: int, acc: torch.Tensor | None = None,
                   lse: torch.Tensor | None = None,
-                  hole: tuple[int, int] | None = None) -> torch.Tensor:
+                  hole: tuple[int, int] | None = None,
+                  window: int | None = None) -> torch.Tensor:
     """Causal attention of C queries that follow ``num_past`` cached keys.
 
     qs (H, G, C, D) pre-scaled; kc (H, D, L); vc (H, L, D); L = num_past + C.
@@ -308,7 +354,9 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
     (H, L), the attention each key receives (summed over queries and query heads) is
     added to it. With ``lse`` (H, G, C) fp32, each query's log-sum-exp of its scores is
     written there (for merging with attention over paged-out keys). Keys in ``hole``
-    (first, end), a slot range of the past, are masked out.
+    (first, end), a slot range of the past, are masked out. With ``window`` W, query i
+    also sees no key before num_past + i - W + 1: a tile reads keys from its first
+    query's first visible key on, and masks the band below the diagonal as well.
     """
     H, G, C, D = qs.shape
     out = torch.empty_like(qs)
@@ -317,19 +365,24 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
     for i0 in range(0, C, tile):
         i1 = min(C, i0 + tile)
         c, n_keys = i1 - i0, num_past + i1
+        k0 = 0 if window is None else max(0, num_past + i0 - window + 1)  # first key read
         qt = qs[:, :, i0:i1].reshape(H, G * c, D)
-        scores = torch.bmm(qt, kc[:, :, :n_keys]).view(H, G, c, n_keys)
-        scores[..., num_past + i0:n_keys] += diag[:c, :c]
+        scores = torch.bmm(qt, kc[:, :, k0:n_keys]).view(H, G, c, n_keys - k0)
+        scores[..., num_past + i0 - k0:] += diag[:c, :c]
+        if window is not None:            # key j hidden from query q when j <= q - W
+            q_pos = torch.arange(num_past + i0, n_keys, device=qs.device)
+            k_pos = torch.arange(k0, n_keys, device=qs.device)
+            scores.masked_fill_(k_pos[None, :] <= q_pos[:, None] - window, NEG_INF)
         if hole is not None:
-            scores[..., hole[0]:hole[1]] = NEG_INF
+            scores[..., max(0, hole[0] - k0):max(0, hole[1] - k0)] = NEG_INF
         if lse is None:
-            probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys)
+            probs = torch.softmax(scores, dim=-1).view(H, G * c, n_keys - k0)
         else:
             probs, lse[:, :, i0:i1] = softmax_lse(scores)
-            probs = probs.to(qs.dtype).view(H, G * c, n_keys)
+            probs = probs.to(qs.dtype).view(H, G * c, n_keys - k0)
         if acc is not None:
-            acc[:, :n_keys] += probs.float().sum(1)
-        out[:, :, i0:i1] = torch.bmm(probs, vc[:, :n_keys]).view(H, G, c, D)
+            acc[:, k0:n_keys] += probs.float().sum(1)
+        out[:, :, i0:i1] = torch.bmm(probs, vc[:, k0:n_keys]).view(H, G, c, D)
     return out
 
 

@@ -7,8 +7,13 @@ BF16, Q4_0, Q4_1, Q8_0, the K-quants, ...) and the raw metadata, from which
 
 llama.cpp's converter reorders the rows of ``attn_q`` and ``attn_k`` for its interleaved
 rotary layout; ``unpermute_rotary_rows`` undoes that so the weights equal Hugging Face's
-(as transformers' own GGUF loader does). Only ``general.architecture == "llama"`` is read
-(SmolLM, Llama 1/2/3, Mistral all ship as ``llama``); anything else is a ValueError.
+(as transformers' own GGUF loader does). ``general.architecture`` ``llama`` (SmolLM,
+Llama 1/2/3, Mistral all ship as ``llama``) and ``gemma3`` are read
+(``SUPPORTED_ARCHITECTURES``); anything else is a ValueError naming it and them, raised
+from the metadata before any weight is read. A Gemma 3 file's rotary rows are in HF's
+order already, and its norm weights are stored as ``1 + w``: they come back as HF's
+``w``; what a Gemma 3 GGUF leaves out of its metadata is llama.cpp's rule for the
+architecture (``gemma3_config.py``).
 
 ``read_int4_groups(path, config)`` reads the layer matrices stored as Q4_0 / Q4_1 as
 the engine's int4 groups (``wquant.Int4Groups``) straight from their blocks, with no
@@ -27,10 +32,11 @@ import numpy as np
 import torch
 
 from kvmap.config import ModelConfig
+from kvmap.model.gemma3_config import gemma3_fields
 from kvmap.model.shapes import check_weights
 from kvmap.model.wquant import INT4_GROUP_SIZE, Int4Groups, int4_from_affine_blocks
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 
 # GGUF tensor name -> Hugging Face name; "{i}" is the layer index.
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
@@ -40,6 +46,12 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# Gemma 3: a norm after attention and after the MLP, the FFN norm before it, q/k norms
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm",
+                       "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_ARCH_LAYER_NAMES = {"llama": _LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ROPE_FREQS = "rope_freqs.weight"      # llama.cpp's form of Llama-3.1 RoPE scaling
 
@@ -102,6 +114,7 @@ def config_from_metadata(metadata: dict[str, Any], tensor_shapes: dict[str, tupl
     vocab_size = len(tokens) if tokens else tensor_shapes["token_embd.weight"][0]
     eos_ids = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     bos = metadata.get("tokenizer.ggml.bos_token_id")
+    extra = gemma3_fields(metadata, tensor_shapes, name) if arch == "gemma3" else {}
     return ModelConfig(
         name=name,
         num_layers=int(meta("block_count")),
@@ -119,6 +132,8 @@ def config_from_metadata(metadata: dict[str, Any], tensor_shapes: dict[str, tupl
         rope_scaling=_rope_scaling(metadata, arch, rope_freqs, rope_theta, head_dim),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
+        architecture=arch,
+        **extra,
     )
 
 
@@ -140,17 +155,20 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
     config = config_from_metadata(metadata, shapes, Path(path).stem, rope_freqs)
 
     weights = {}
+    arch = config.architecture
     for gguf_name, tensor in tensors.items():
         if gguf_name == _ROPE_FREQS:
             continue
-        hf_name = hf_tensor_name(gguf_name)
+        hf_name = hf_tensor_name(gguf_name, arch)
         array = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shapes[gguf_name])
         if not array.flags.writeable:          # a view of the read-only memory map
             array = array.copy()
         weight = torch.from_numpy(array)
-        if ".attn_q." in gguf_name:
+        if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+            weight = weight - 1.0              # the file holds 1 + w (llama.cpp's converter)
+        elif arch == "llama" and ".attn_q." in gguf_name:
             weight = unpermute_rotary_rows(weight, config.num_heads)
-        elif ".attn_k." in gguf_name:
+        elif arch == "llama" and ".attn_k." in gguf_name:
             weight = unpermute_rotary_rows(weight, config.num_kv_heads)
         weights[hf_name] = weight.to(dtype=dtype).to(device)
     check_weights(config, weights)
@@ -197,18 +215,19 @@ def q4_blocks_to_groups(raw: np.ndarray, rows: int, cols: int, has_min: bool) ->
     return int4_from_affine_blocks(d, m, codes)
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
 
-    ValueError names a tensor with no Hugging Face Llama equivalent.
+    ValueError names a tensor with no Hugging Face equivalent in ``arch``.
     """
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _ARCH_LAYER_NAMES[arch]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if not m or m.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face Llama equivalent")
+    if not m or m.group(2) not in names:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face {arch} equivalent")
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

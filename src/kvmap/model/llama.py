@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
+from kvmap.model.decoders import DECODERS
 from kvmap.model.linear import int4_layer, make_linear
 from kvmap.model.smoothquant import calibration_ids as calibration_ids_of
 from kvmap.model.smoothquant import SMOOTHED_FORMATS, quantize_smoothed
@@ -34,7 +35,7 @@ from kvmap.model.wquant import check_quantization
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies (D/2,) with optional Llama-3.1 style scaling."""
+    """Inverse frequencies (D/2,) with optional Llama-3.1 style or linear scaling."""
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = config.rope_scaling or {}
@@ -48,6 +49,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
         inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq,
                                scaled)
+    elif rs.get("rope_type", rs.get("type")) == "linear":      # positions / factor
+        inv_freq = inv_freq / rs["factor"]
     return inv_freq.float()
 
 
@@ -80,7 +83,7 @@ class Rotary:
         return x * cos + torch.roll(x, self.half, dims=-1) * sin
 
 
-def _fold(matrix: torch.Tensor, norm_weight: torch.Tensor, dtype, device) -> torch.Tensor:
+def fold_norm(matrix: torch.Tensor, norm_weight: torch.Tensor, dtype, device) -> torch.Tensor:
     """(out, in) matrix with the preceding RMSNorm's (in,) weight multiplied in, in fp32,
     then cast once to the compute dtype."""
     return (matrix.to(device=device, dtype=torch.float32) * norm_weight.to(device)).to(dtype)
@@ -90,6 +93,7 @@ _LAYER_MATRICES = tuple(f"self_attn.{n}_proj.weight" for n in "qkvo") + tuple(
     f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
 
 
+@DECODERS.register("llama")
 class LlamaModel(torch.nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype, device: torch.device | str = "cpu",
@@ -134,12 +138,12 @@ class LlamaModel(torch.nn.Module):
                 p + n in int4_groups for n in _LAYER_MATRICES)
             self.layers.append(int4_layer(int4_groups, p, in_norm, post_norm, bqkv, dtype)
                                if from_groups else {
-                "qkv": make_linear(_fold(torch.cat([weights[a + "q_proj.weight"],
+                "qkv": make_linear(fold_norm(torch.cat([weights[a + "q_proj.weight"],
                                                      weights[a + "k_proj.weight"],
                                                      weights[a + "v_proj.weight"]]),
                                           in_norm, dtype, self.device), bqkv, quantization),
                 "o": make_linear(w[a + "o_proj.weight"], None, quantization),  # (h, Hq*D)
-                "gate_up": make_linear(_fold(torch.cat([
+                "gate_up": make_linear(fold_norm(torch.cat([
                     weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]),
                     post_norm, dtype, self.device), None, quantization),   # (2F, h)
                 "down": make_linear(w[p + "mlp.down_proj.weight"], None, quantization),

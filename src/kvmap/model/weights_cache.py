@@ -64,9 +64,7 @@ def load_cached(source: str | Path, dtype: torch.dtype, device: torch.device | s
     if not (entry / _WEIGHTS).is_file():
         return None
     try:
-        fields = json.loads((entry / _CONFIG).read_text())
-        fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
-        config = ModelConfig(**fields)
+        config = ModelConfig.from_dict(json.loads((entry / _CONFIG).read_text()))
         weights = load_file(str(entry / _WEIGHTS), device=str(device))
         tokenizer = Tokenizer.load(entry) if (entry / "tokenizer.json").is_file() else None
     except Exception as err:  # noqa: BLE001 -- any unreadable entry is rebuilt

@@ -30,7 +30,7 @@ import torch
 
 from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.policies.base import Policy
-from kvmap.kv.spec import KVGeometry
+from kvmap.kv.spec import KVGeometry, layer_resident_blocks
 
 GPU_MEMORY_UTILIZATION = 0.9
 RESERVE_BYTES_PER_GPU = 2 * 2**30
@@ -56,6 +56,17 @@ def per_layer_tables(kv_config, model_config, block_size: int, has_tiers: bool) 
     geom = KVGeometry.of(model_config, block_size)
     return wants_per_layer_tables(kv_config.policy, kv_config.codec, geom, COMPUTE_DTYPE,
                                   has_tiers)
+
+
+def window_layout(model_config, block_size: int, per_layer_tables: bool
+                  ) -> tuple[int | None, tuple[int | None, ...] | None]:
+    """``(window, windows)``: a window on every layer (Mistral v0.1), which caps every
+    layer's residency, or a hybrid model's per-layer windows, counted per layer
+    (:func:`hybrid_layer_blocks`) when the engine has per-layer tables for them."""
+    if model_config.sliding_layers is None:
+        return model_config.sliding_window, None
+    windows = KVGeometry.of(model_config, block_size).layer_windows
+    return None, windows if per_layer_tables else None
 
 
 def resident_tokens_per_seq(context_tokens: int, policy: Policy | None = None,
@@ -117,6 +128,28 @@ def resident_layer_blocks(context_tokens: int, block_size: int, policy: Policy, 
                for b in budgets)
 
 
+def hybrid_layer_blocks(context_tokens: int, block_size: int, policy: Policy | None,
+                        windows: tuple[int | None, ...], *,
+                        num_prompt_tokens: int | None = None) -> int:
+    """Layer blocks one sequence of a hybrid model holds with per-layer block tables,
+    summed over layers (``kvmap.kv.layer_kinds``): a global layer what the policy keeps
+    (``resident_blocks``; all of the context without one), a sliding layer of window W
+    the blocks from its first live slot on (``kvmap.kv.spec.layer_resident_blocks``) of
+    the slots the sequence holds -- the engine's count once a step is done::
+
+        held = num_global * blocks(context) + sum over sliding layers of
+               ceil(n / bs) - floor(max(0, n - W + 1) / bs),   n = slots held
+
+    Gemma 3 270M at 8,192 tokens, bs 16: 3 x 512 + 15 x 32 = 2,016 layer blocks."""
+    num_layers = len(windows)
+    slots = resident_tokens_per_seq(context_tokens, policy, num_layers=num_layers,
+                                    num_prompt_tokens=num_prompt_tokens)
+    global_blocks = resident_blocks(context_tokens, block_size, policy,
+                                    num_layers=num_layers, num_prompt_tokens=num_prompt_tokens)
+    return sum(global_blocks if w is None else layer_resident_blocks(slots, block_size, w)
+               for w in windows)
+
+
 def usable_kv_bytes_per_gpu(memory_bytes: int, weight_bytes_per_gpu: int,
                             gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                             reserve_bytes_per_gpu: int = RESERVE_BYTES_PER_GPU) -> int:
@@ -134,15 +167,20 @@ def num_blocks_in(kv_bytes: int, kv_bytes_per_block: int) -> int:
 def max_context_tokens(num_blocks: int, num_seqs: int, block_size: int,
                        policy: Policy | None = None, sliding_window: int | None = None, *,
                        num_layers: int | None = None,
-                       per_layer_tables: bool = False) -> int | None:
+                       per_layer_tables: bool = False,
+                       windows: tuple[int | None, ...] | None = None) -> int | None:
     """Largest context each of ``num_seqs`` sequences can have at once in ``num_blocks``
     blocks; None when no context is too long (a policy or window bounds the residency).
     With ``per_layer_tables`` the pool is counted in layer blocks
-    (:func:`resident_layer_blocks`)."""
+    (:func:`resident_layer_blocks`, or :func:`hybrid_layer_blocks` with a hybrid
+    model's ``windows``)."""
     if not isinstance(num_seqs, int) or num_seqs <= 0:
         raise ValueError(f"concurrency={num_seqs!r} must be a positive integer")
 
     def fits(context_tokens: int) -> bool:
+        if per_layer_tables and windows is not None:
+            layer_blocks = hybrid_layer_blocks(context_tokens, block_size, policy, windows)
+            return num_seqs * layer_blocks <= num_blocks * len(windows)
         if per_layer_tables:
             layer_blocks = resident_layer_blocks(context_tokens, block_size, policy,
                                                  num_layers=num_layers)

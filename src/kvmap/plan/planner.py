@@ -9,7 +9,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from kvmap.kv.config import KVConfig
-from kvmap.kv.spec import KVGeometry
+from kvmap.kv.layer_kinds import layer_kind_notes
+from kvmap.kv.layer_pool import per_layer_tables_blocker
+from kvmap.kv.spec import KVGeometry, layer_resident_blocks
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import GPU, PlanModel
 from kvmap.plan.weights import weight_bytes
@@ -48,6 +50,9 @@ class CapacityPlan:
     # sequence are then layer_blocks_per_seq layer blocks, blocks_per_seq rounded up
     layer_tables: str = "shared"
     layer_blocks_per_seq: int | None = None
+    # a hybrid model (sliding-window and global layers): per layer kind, its layers,
+    # window, bytes per token and resident tokens / bytes per sequence at context_tokens
+    layer_kinds: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -79,7 +84,10 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     block_bytes_gpu = kv.codec.block_bytes(geom_gpu, capacity.COMPUTE_DTYPE)
     bytes_per_token = kv.codec.block_bytes(geom_model, capacity.COMPUTE_DTYPE) / block_size
 
-    window = c.sliding_window
+    # a window on every layer (Mistral v0.1) caps every layer; a hybrid model's sliding
+    # layers are counted per layer (hybrid_layer_blocks)
+    window = c.sliding_window if c.sliding_layers is None else None
+    windows = geom_model.layer_windows
     blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window,
                                               num_layers=c.num_layers)
     all_weight_bytes = weight_bytes(model, weights)
@@ -89,14 +97,17 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     num_blocks = kv.codec.num_blocks_in(usable, geom_gpu, capacity.COMPUTE_DTYPE)   # + staging
     max_seqs = num_blocks // blocks_per_seq
     seq_bytes_gpu = blocks_per_seq * block_bytes_gpu
-    per_layer = capacity.per_layer_tables(kv, c, block_size, kv.tiers is not None
-                                          and bool(kv.tiers.levels))
+    has_tiers = kv.tiers is not None and bool(kv.tiers.levels)
+    per_layer = capacity.per_layer_tables(kv, c, block_size, has_tiers)
     layer_blocks = None
+    layer_block_bytes = kv.codec.block_bytes(replace(geom_gpu, num_layers=1),
+                                             capacity.COMPUTE_DTYPE)
     if per_layer:
-        layer_blocks = capacity.resident_layer_blocks(context_tokens, block_size, kv.policy,
-                                                      num_layers=c.num_layers)
-        seq_bytes_gpu = layer_blocks * kv.codec.block_bytes(replace(geom_gpu, num_layers=1),
-                                                            capacity.COMPUTE_DTYPE)
+        layer_blocks = capacity.resident_layer_blocks(
+            context_tokens, block_size, kv.policy, num_layers=c.num_layers) \
+            if windows is None else capacity.hybrid_layer_blocks(
+                context_tokens, block_size, kv.policy, windows)
+        seq_bytes_gpu = layer_blocks * layer_block_bytes
         blocks_per_seq = math.ceil(layer_blocks / c.num_layers)
         max_seqs = num_blocks * c.num_layers // layer_blocks
 
@@ -119,13 +130,41 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
         max_context_tokens=capacity.max_context_tokens(num_blocks, concurrency, block_size,
                                                        kv.policy, window,
                                                        num_layers=c.num_layers,
-                                                       per_layer_tables=per_layer),
+                                                       per_layer_tables=per_layer,
+                                                       windows=windows if per_layer else None),
         model_max_context_tokens=c.max_position_embeddings,
         decode_step_s=step_s(concurrency),
         decode_step_s_at_max_seqs=step_s(max_seqs) if max_seqs else math.nan,
-        notes=_notes(model, kv, num_gpus, context_tokens, resident, usable),
+        notes=_notes(model, kv, num_gpus, context_tokens, resident, usable) + tuple(
+            layer_kind_notes(geom_model, kv.policy, per_layer, per_layer_tables_blocker(
+                kv.codec, geom_model, capacity.COMPUTE_DTYPE, has_tiers))),
         layer_tables="per-layer" if per_layer else "shared", layer_blocks_per_seq=layer_blocks,
+        layer_kinds=_layer_kinds(geom_model, kv, context_tokens, per_layer,
+                                 layer_block_bytes * num_gpus),
     )
+
+
+def _layer_kinds(geom: KVGeometry, kv: KVConfig, context_tokens: int, per_layer: bool,
+                 layer_block_bytes: int) -> dict | None:
+    """Per layer kind of a hybrid model: layers, window, bytes per token (the codec's,
+    the kind's layers), and the resident tokens and bytes of one sequence at
+    ``context_tokens`` (a sliding layer whole when per-layer tables are off)."""
+    if not geom.sliding_layers:
+        return None
+    bs, out = geom.block_size, {}
+    slots = capacity.resident_tokens_per_seq(context_tokens, kv.policy,
+                                             num_layers=geom.num_layers)
+    for kind, info in geom.layer_kinds().items():
+        w = info["window"] if per_layer else None
+        n = len(info["layers"])
+        blocks = capacity.resident_blocks(context_tokens, bs, kv.policy,
+                                          num_layers=geom.num_layers) if w is None \
+            else layer_resident_blocks(slots, bs, w)
+        out[kind] = {**info, "num_layers": n,
+                     "bytes_per_token": n * layer_block_bytes / bs,
+                     "resident_tokens_per_seq": slots if w is None else min(slots, w - 1),
+                     "kv_bytes_per_seq": n * blocks * layer_block_bytes}
+    return out
 
 
 def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,
@@ -133,7 +172,7 @@ def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,
     c, notes = model.config, []
     if usable_kv_bytes <= 0:
         notes.append("the weights and the reserve do not fit in this GPU memory: no KV room")
-    if c.sliding_window and context_tokens > c.sliding_window:
+    if c.sliding_window and c.sliding_layers is None and context_tokens > c.sliding_window:
         notes.append(f"resident tokens capped by the model's {c.sliding_window}-token sliding "
                      "window, assuming blocks that slide out are freed (vLLM v1 does)")
     if kv.policy is not None and resident_tokens < context_tokens:

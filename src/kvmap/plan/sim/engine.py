@@ -5,9 +5,8 @@ at a time, with the clock advanced by the cost model instead of a real forward p
 
 1. Requests arrive (:mod:`kvmap.plan.sim.arrivals`: open loop at their times; closed
    loop: one enters when one leaves; turn k of a conversation never before turn k-1
-   finished). A request that can never
-   fit -- longer than the model's context, or more blocks than the whole pool -- is
-   rejected and counted. With ``prefetch: queue`` the prefix blocks of the first
+   finished). A request that can never fit -- longer than the model's context, or more
+   blocks than the whole pool -- is rejected and counted. With ``prefetch: queue`` the prefix blocks of the first
    ``prefetch_depth`` waiting requests are staged one tier up (NVMe -> host, host -> free
    HBM) before they are scheduled, overlapping the steps ahead of them: the waiting
    queue predicts what the next steps will read.
@@ -24,8 +23,8 @@ at a time, with the clock advanced by the cost model instead of a real forward p
    (its token time is the step's end); finished requests free or cache their blocks.
 
 Blocks are keyed (prefix caching) unless a sliding window, an offload window or
-per-layer block tables (``layer_budgets``, as the engine decides) make a request's blocks
-its own. Keys are ``(owner, block index)`` where the owner is the conversation (turns
+per-layer block tables (``layer_budgets``, a hybrid model's sliding layers: counted per
+layer, ``capacity.hybrid_layer_blocks``) make a request's blocks its own. Keys are ``(owner, block index)`` where the owner is the conversation (turns
 share their history) or the request. A selection policy keeps prefix caching, as in the
 engine: compaction is copy on write, and a finished compacted sequence is filed for the
 next turn (:mod:`kvmap.plan.sim.compaction`).
@@ -62,13 +61,14 @@ class Simulator:
                              config.weights)
         self.num_hbm_blocks = self._pool_blocks()
         self.policy = config.kv.policy
-        self.window = config.model.config.sliding_window
         self.num_layers = config.model.config.num_layers
         self.contiguous = e.reservation == "contiguous"
         self.reserve_tokens = e.reservation_tokens or config.model.config.max_position_embeddings
         # layer_budgets: each layer frees its hole; shares no prefix blocks
         self.per_layer = capacity.per_layer_tables(config.kv, config.model.config,
                                                    e.block_size, bool(config.tiers))
+        self.window, self.windows = capacity.window_layout(config.model.config, e.block_size,
+                                                           self.per_layer)
         self.keyed = (e.enable_prefix_caching and not self.window
                       and e.hbm_window_tokens is None and not self.contiguous
                       and not self.per_layer)
@@ -112,6 +112,10 @@ class Simulator:
             return 0
         if self.contiguous:          # the whole reservation from the first token on
             return math.ceil(max(num_tokens, self.reserve_tokens) / self.block_size)
+        if self.windows is not None:          # hybrid: layer blocks, in whole groups
+            return st.hold_layer_blocks(capacity.hybrid_layer_blocks(
+                num_tokens, self.block_size, self.policy if compressed else None,
+                self.windows, num_prompt_tokens=st.req.prompt_tokens), self.num_layers)
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
         if st.compacted and not compressed:      # continues a compacted state
@@ -144,9 +148,7 @@ class Simulator:
 
     def _split(self, total_blocks: int) -> tuple[int, int]:
         """(HBM blocks, offloaded blocks) of a request holding ``total_blocks``."""
-        if self.window_blocks is None:
-            return total_blocks, 0
-        hbm = min(total_blocks, self.window_blocks)
+        hbm = total_blocks if self.window_blocks is None else min(total_blocks, self.window_blocks)
         return hbm, total_blocks - hbm
 
     def _fits_ever(self, req: SimRequest) -> str | None:

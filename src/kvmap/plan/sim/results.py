@@ -144,6 +144,7 @@ def build_result(sim) -> SimResult:
     weighted = sum(n * d for n, d in zip(steps.num_seqs, steps.total_s))
     peak_hbm = max((st.peak_hbm_blocks for st in sim.done), default=0)
     peak_total = max((st.peak_total_blocks for st in sim.done), default=0)
+    peak_layers = max((st.peak_layer_blocks for st in sim.done), default=0)
     kv = {
         "kv_bytes_per_token": mc.kv_bytes_per_token,
         "kv_block_bytes_per_device": mc.kv_block_bytes_per_device,
@@ -155,6 +156,9 @@ def build_result(sim) -> SimResult:
         "mean_running": weighted / busy_s if busy_s else 0.0,
         "peak_hbm_kv_bytes_per_seq": peak_hbm * mc.kv_block_bytes,
         "peak_kv_bytes_per_seq": peak_total * mc.kv_block_bytes,
+        # a hybrid model: layer blocks held (sliding layers only their window), exact
+        **({"peak_layer_kv_bytes_per_seq": peak_layers * mc.kv_block_bytes
+            // sim.num_layers} if peak_layers else {}),
         "final_hbm_kv_bytes_per_seq": max((st.final_hbm_blocks for st in sim.done), default=0)
         * mc.kv_block_bytes,
         "prefix_hits": store.num_hbm_hits, "prefix_misses": store.num_hbm_misses,

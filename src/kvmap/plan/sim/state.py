@@ -26,6 +26,7 @@ class SimState:
     num_preemptions: int = 0
     peak_hbm_blocks: int = 0
     peak_total_blocks: int = 0
+    peak_layer_blocks: int = 0         # a hybrid model: layer blocks, exact (one layer's each)
     final_hbm_blocks: int = 0          # held when the last token was computed
     prefetched: bool = False           # its prefix was staged ahead
     # a selection policy compacted it, or it continues a compacted state (then it holds
@@ -33,6 +34,12 @@ class SimState:
     compacted: bool = False
     base_tokens: int = 0
     base_slots: int = 0
+
+    def hold_layer_blocks(self, num_layer_blocks: int, num_layers: int) -> int:
+        """A hybrid model's layer blocks for its tokens (kept as the exact peak); returns
+        them in whole groups of one block per layer, the pool's unit."""
+        self.peak_layer_blocks = max(self.peak_layer_blocks, num_layer_blocks)
+        return -(-num_layer_blocks // num_layers)
 
     @property
     def num_tokens(self) -> int:
