@@ -41,6 +41,7 @@ import torch
 
 from kvmap.kv.codecs import Codec, HeadRows, LayerStore
 from kvmap.model import fused_decode
+from kvmap.model.fused_prefill import flash_chunk, flash_usable
 from kvmap.model.quant_attention import decode_kv
 
 NEG_INF = float("-inf")
@@ -199,7 +200,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         lse = (torch.empty((num_kv_heads, group, C), dtype=torch.float32, device=q.device)
                if ctx is not None else None)
         if acc is None and hole is None and meta.window is None and flash_usable(qs):
-            o = _flash_chunk(qs, kc.transpose(1, 2), vc, L - C, lse)     # (H, G, C, D)
+            o = flash_chunk(qs, kc.transpose(1, 2), vc, L - C, lse)      # (H, G, C, D)
         else:                                  # a sliding layer's band mask: tiled
             o = _causal_chunk(qs, kc, vc, L - C, acc, lse, hole, meta.window)
         if ctx is not None:
@@ -384,51 +385,3 @@ def _causal_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
             acc[:, k0:n_keys] += probs.float().sum(1)
         out[:, :, i0:i1] = torch.bmm(probs, vc[:, k0:n_keys]).view(H, G, c, D)
     return out
-
-
-_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def flash_usable(qs: torch.Tensor) -> bool:
-    """torch's fused CPU attention (one pass, online softmax, no score matrix in memory)
-    runs this chunk: on the CPU, in fp32 -- there it ran a 512-query chunk over 512-2,048
-    keys 1.5-4x faster than the tiled products of :func:`_causal_chunk` (docs/hardware.md);
-    bf16 keeps the tiled form, whose products run at the native bf16 rate where there is
-    one."""
-    return _FLASH is not None and qs.device.type == "cpu" and qs.dtype == torch.float32
-
-
-def _flash_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, num_past: int,
-                 lse: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of C queries after ``num_past`` cached keys, through the fused
-    CPU kernel, in two parts merged exactly by log-sum-exp:
-
-        keys ->   |<----- num_past ----->|<-- chunk -->|
-        queries   every query sees all    causal (the kernel's own mask, aligned
-                  (no mask; the G query    to the chunk's top-left: query i sees
-                  heads of a KV head are   chunk keys 0..i)
-                  rows of one product)
-
-    qs (H, G, C, D) pre-scaled; kc, vc (H, L, D), L = num_past + C. Returns (H, G, C, D)
-    in qs's dtype; with ``lse`` (H, G, C) fp32, each query's log-sum-exp is written there.
-    The chunk part repeats each KV head for its G query heads (the kernel takes equal
-    head counts); the past part needs no copy."""
-    H, G, C, D = qs.shape
-    own_k = kc[:, num_past:].repeat_interleave(G, 0)[None]              # (1, H*G, C, D)
-    own_v = vc[:, num_past:].repeat_interleave(G, 0)[None]
-    o_own, lse_own = _FLASH(qs.reshape(1, H * G, C, D), own_k, own_v, 0.0, True,
-                            scale=1.0)                                   # (1, H*G, C, ...)
-    o_own, lse_own = o_own.view(H, G, C, D), lse_own.view(H, G, C)
-    if num_past == 0:
-        if lse is not None:
-            lse.copy_(lse_own)
-        return o_own
-    o_past, lse_past = _FLASH(qs.reshape(1, H, G * C, D), kc[None, :, :num_past],
-                              vc[None, :, :num_past], 0.0, False, scale=1.0)
-    o_past, lse_past = o_past.view(H, G, C, D), lse_past.view(H, G, C)
-    total = torch.logaddexp(lse_past, lse_own)
-    if lse is not None:
-        lse.copy_(total)
-    return (o_past * torch.exp(lse_past - total)[..., None]
-            + o_own * torch.exp(lse_own - total)[..., None])
-
