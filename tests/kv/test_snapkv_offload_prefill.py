@@ -1,5 +1,5 @@
 """Prefill through the tiers (``snapkv(prefill=offload)+tiers(...)``,
-``kvmap.kv.offload_prefill``) on the tiny random-weight Llama:
+``kvmap.kv.offload.prefill``) on the tiny random-weight Llama:
 
 - every layer and head selects exactly the tokens end-of-prefill SnapKV selects (the
   observation window is scored over the paged-out keys too), for three codecs and three
@@ -21,8 +21,8 @@ import torch
 from kvmap import SamplingParams
 from kvmap.evals.kv_peak import track_peak_kv_bytes
 from kvmap.kv.config import KVConfig
-from kvmap.kv.offload_prefill import chunk_sizes, peak_blocks
-from kvmap.kv.tiers.page_frames import PAGE_PREFIX
+from kvmap.kv.offload.prefill import chunk_sizes, peak_blocks
+from kvmap.kv.offload.page_frames import PAGE_PREFIX
 from tests.conftest import make_tiny_llm, random_prompts
 
 BS = 4

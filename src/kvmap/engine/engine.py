@@ -5,7 +5,7 @@ that produced a token or finished in it. It owns the model, the paged KV cache, 
 scheduler and the tokenizer; ``kvmap.engine.llm.LLM`` is the friendly front.
 
 With ``tiers(...)``, a prompt larger than the pool is accepted and paged through the
-tiers (``kvmap.kv.tiers.pager``). A paged-out page that cannot be read back (missing,
+tiers (``kvmap.kv.offload.pager``). A paged-out page that cannot be read back (missing,
 corrupt) aborts that step's forward pass; the request is recomputed from scratch, and
 after ``MAX_PAGE_FAULTS`` such faults it is finished as aborted -- never a wrong token.
 """
@@ -22,12 +22,12 @@ from kvmap.kv.cache import PagedKVCache, num_blocks_for_budget
 from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.layer_pool import wants_per_layer_tables
-from kvmap.kv.offload_prefill import check_fits, offloads
+from kvmap.kv.offload.prefill import check_fits, offloads
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
-from kvmap.kv.tiers.pager import PageLost
+from kvmap.kv.offload.pager import PageLost
 from kvmap.kv.tiers.shared_namespace import weights_identity
-from kvmap.kv.tiers.store import TieredStore
+from kvmap.kv.offload.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample

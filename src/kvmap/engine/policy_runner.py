@@ -39,7 +39,7 @@ import torch
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compaction import (compact_layer, destination_blocks, read_sequence,
                                  release_blocks)
-from kvmap.kv.offload_prefill import OffloadPrefill, offloads
+from kvmap.kv.offload.prefill import OffloadPrefill, offloads
 from kvmap.kv.policies.base import Policy, ScoreInputs
 from kvmap.model.attention import AttentionMetadata
 from kvmap.request import Request
@@ -56,7 +56,7 @@ class PolicyRunner:
         self.num_deferred = 0           # compressions put off: no block for copy on write
         # soft eviction (``evict_to``): the tier level that keeps what compaction drops
         self.evict_to = getattr(policy, "evict_to", None)
-        # prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload_prefill``)
+        # prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload.prefill``)
         self.offload = OffloadPrefill(kv.tiers.pager, kv) if offloads(policy) else None
 
     def layer_budgets(self, req: Request) -> list[int]:

@@ -18,7 +18,7 @@ tokens it summarizes (``kvmap.kv.compacted``); a later request that starts with 
 tokens (the next turn) continues from it instead of looking up prefix blocks.
 
 With tiers, a running sequence that is alone and still short of blocks is paged instead
-(``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
+(``kvmap.kv.offload.pager``): its oldest full blocks go to the tiers a page at a time, so
 a context larger than the pool keeps decoding. Several sequences may be paged at once:
 one that is short of blocks pages its own front out when it is already paged or its
 context is larger than the whole pool (it could never fit, so preempting others would
@@ -35,7 +35,7 @@ from kvmap.config import SchedulerConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compacted import CompactedState, CompactedStates
 from kvmap.kv.prefix import block_hashes
-from kvmap.kv.tiers.store import TieredStore
+from kvmap.kv.offload.store import TieredStore
 from kvmap.request import Request, RequestStatus
 
 
@@ -98,7 +98,7 @@ class Scheduler:
 
     def _free_blocks(self, req: Request) -> None:
         # the store's pager, not only self.pager: a policy with prefill=offload pages
-        # its prompt out itself (kvmap.kv.offload_prefill)
+        # its prompt out itself (kvmap.kv.offload.prefill)
         if self.store is not None and self.store.pager is not None:
             self.store.pager.drop(req)
         if req.block_ids:

@@ -87,7 +87,7 @@ class PagedKVCache:
         self.layer_block_bytes = self.layers[0].block_bytes()    # one layer's block
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
         self.staging_bytes = sum(layer.staging_bytes() for layer in self.layers)   # all rows
-        # the levels below the pool (kvmap.kv.tiers.store.TieredStore installs itself)
+        # the levels below the pool (kvmap.kv.offload.store.TieredStore installs itself)
         self.tiers = None
 
     @property

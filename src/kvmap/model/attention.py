@@ -14,7 +14,7 @@ the blocks of the sequences in the batch.
 
 Masks are built once per step (``AttentionMetadata``) and shared by all layers.
 
-A sequence paged through the tiers (``kvmap.kv.tiers.pager``) holds only its recent
+A sequence paged through the tiers (``kvmap.kv.offload.pager``) holds only its recent
 blocks in the pool; its block table and slot count describe that resident part, and
 ``meta.offloaded_decode`` / ``meta.offloaded_prefill`` give, per decode row / prefill
 segment, its paged-out front (an ``OffloadedContext``: ``layer_kv(layer)`` fetches the
@@ -147,7 +147,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
             if meta.accumulate:
                 acc = stats.accumulated[i] = torch.zeros(num_kv_heads, L, device=q.device)
             # paged-out keys join the window of the chunk that completes the prompt (the
-            # one a final-only policy reads: kvmap.kv.offload_prefill)
+            # one a final-only policy reads: kvmap.kv.offload.prefill)
             front = (ctx.layer_kv(layer_idx)[0] if ctx is not None and seg.completes_prompt
                      else None)
             stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole, front)

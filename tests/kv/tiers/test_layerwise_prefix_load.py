@@ -1,4 +1,4 @@
-"""Layer-wise prefix loads (``kv/tiers/prefix_loads.py``, ``layer_loader.py``): an
+"""Layer-wise prefix loads (``kv/offload/prefix_loads.py``, ``layer_loader.py``): an
 admitted request's tier-held prefix is copied into the pool layer by layer while its
 forward pass runs. Tokens and first-token logits equal the block-by-block fetch's and a
 recompute's; the blocks hold exactly the frames' bytes afterwards; bad frames are misses
@@ -13,9 +13,9 @@ import torch
 from kvmap import SamplingParams
 from kvmap.kv.prefix import block_hashes
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.frames import FrameMismatch
-from kvmap.kv.tiers.layer_loader import FrameLayout, LayerLoad
-from kvmap.kv.tiers.prefix_loads import PREFIX_LOADS
+from kvmap.kv.offload.frames import FrameMismatch
+from kvmap.kv.offload.layer_loader import FrameLayout, LayerLoad
+from kvmap.kv.offload.prefix_loads import PREFIX_LOADS
 from tests.conftest import make_tiny_llm, random_prompts
 
 PREFIX, FLUSH, TAIL = random_prompts([41, 140, 7], seed=17)

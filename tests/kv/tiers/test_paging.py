@@ -1,4 +1,4 @@
-"""Paging a context larger than the pool through the tiers (`kv/tiers/pager.py`):
+"""Paging a context larger than the pool through the tiers (`kv/offload/pager.py`):
 attention over resident and paged-out keys merged by log-sum-exp equals dense attention;
 greedy tokens and logits with paging equal those of an un-paged run with a big pool, for
 every prefetch mode and a host+disk chain; counters add up; lost or corrupt pages are

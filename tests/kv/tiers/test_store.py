@@ -17,9 +17,9 @@ from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import block_hashes, prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers import disk as disk_module
-from kvmap.kv.tiers.cost import CostModel, prefill_flops
+from kvmap.kv.offload.cost import CostModel, prefill_flops
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
-from kvmap.kv.tiers.store import TieredStore
+from kvmap.kv.offload.store import TieredStore
 from kvmap.model.shapes import get_shape
 from tests.conftest import make_tiny_llm, random_prompts
 

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.page_frames import PageFrames, page_key
+from kvmap.kv.offload.page_frames import PageFrames, page_key
 
 PREFETCH_MODES = ("none", "window", "attention")
 
@@ -184,7 +184,7 @@ class Pager:
 
     def page_out_all(self, req) -> int:
         """Page out every whole page of ``req``'s full resident blocks, whatever the
-        pool holds (prefill through the tiers, ``kvmap.kv.offload_prefill``): afterwards
+        pool holds (prefill through the tiers, ``kvmap.kv.offload.prefill``): afterwards
         fewer than ``page_blocks`` full blocks, and any partial one, stay. Returns the
         pages that went (a tier that refuses a frame stops it early)."""
         num_pages = 0

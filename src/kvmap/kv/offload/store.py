@@ -27,13 +27,13 @@ disk are misses or failed puts, counted by the tier (``TierStats.errors``) or he
 (``stats.errors``), and the blocks not fetched are recomputed.
 
 A waiting request's prefix frames are read ahead on a background thread while the
-model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``). An
+model runs (:class:`~kvmap.kv.offload.prefix_reader.PrefixReader`, ``read_ahead``). An
 admitted request's fetched frames are copied into the pool layer by layer while its
-forward pass runs (:mod:`~kvmap.kv.tiers.prefix_loads`): until :meth:`finish_loads`,
+forward pass runs (:mod:`~kvmap.kv.offload.prefix_loads`): until :meth:`finish_loads`,
 those blocks are named but not yet written, so everything here that reads a block's
 content (demotion, publishing) finishes the loads first.
 
-The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
+The store also owns the :class:`~kvmap.kv.offload.pager.Pager`, which pages a context
 larger than the pool through the same levels (keys ``page/...``, one frame per page per
 layer) with a prefetch thread. That thread and the engine loop both use the tiers, so
 every tier call holds ``lock``; everything else is the engine loop's.
@@ -53,14 +53,14 @@ from kvmap.kv.codecs import Codec
 from kvmap.kv.tiers import serde
 from kvmap.kv.tiers.backend import TIER_BACKENDS
 from kvmap.kv.tiers.base import Key, Tier
-from kvmap.kv.tiers.cost import CostModel, matmul_flops_per_s
-from kvmap.kv.tiers.frames import BlockFrames, same_codec
+from kvmap.kv.offload.cost import CostModel, matmul_flops_per_s
+from kvmap.kv.offload.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
-from kvmap.kv.tiers.page_frames import page_layer
-from kvmap.kv.tiers.pager import Pager
+from kvmap.kv.offload.page_frames import page_layer
+from kvmap.kv.offload.pager import Pager
 from kvmap.kv.tiers.shared_namespace import layout_fingerprint
-from kvmap.kv.tiers.prefix_loads import PrefixLoads
-from kvmap.kv.tiers.prefix_reader import PrefixReader
+from kvmap.kv.offload.prefix_loads import PrefixLoads
+from kvmap.kv.offload.prefix_reader import PrefixReader
 
 
 @dataclass
