@@ -123,7 +123,7 @@ def test_chunk_sizes_follow_the_scheduler():
 
 
 def page_keys(llm) -> list:
-    return [k for lv in llm.engine.store.levels for k in lv.tier.keys()
+    return [k for lv in llm.engine.offload.levels for k in lv.tier.keys()
             if isinstance(k, str) and k.startswith(PAGE_PREFIX)]
 
 
@@ -139,7 +139,7 @@ def test_pages_go_down_during_prefill_and_are_deleted_after_selection():
             seen_pages = max(seen_pages, len(page_keys(llm)))
             assert req.num_kv_slots < 2 * BS + 32       # < a page + one chunk resident
     assert seen_pages > 0
-    assert page_keys(llm) == [] and engine.store.pager.seqs == {}
+    assert page_keys(llm) == [] and engine.offload.pager.seqs == {}
     assert engine.kv.pool.num_used == 0
 
 
