@@ -69,7 +69,7 @@ def redis_case(case: str, server: RedisServer, reference) -> dict:
     proxy = SlowProxy(server.port) if case.startswith("slow") else None
     url = proxy.url if proxy else server.url
     llm = make_tiny_llm(kv=f"fp32+tiers(redis={url},fetch=always)", num_blocks=NUM_BLOCKS)
-    tier = llm.engine.store.levels[0].tier
+    tier = llm.engine.offload.levels[0].tier
     blocked = Blocked(tier)
     delay_s = {"slow_20ms": 0.02, "slow_500ms": 0.5}.get(case, 0.0)
 

@@ -64,7 +64,7 @@ def drive(llm, prompts: list[list[int]], stagger: bool, decode_tokens: int) -> d
     start = time.perf_counter()
     pending = list(enumerate(prompts))
     live, timing, peak, most_paged = {}, {}, 0, 0
-    pager = engine.store.pager
+    pager = engine.offload.pager
 
     def submit():
         i, p = pending.pop(0)
@@ -78,7 +78,7 @@ def drive(llm, prompts: list[list[int]], stagger: bool, decode_tokens: int) -> d
         engine.step()
         now, stats = time.perf_counter(), engine.stats()
         peak = max(peak, stats.resident_bytes)
-        most_paged = max(most_paged, sum(pager.is_paged(r) for r in live.values()
+        most_paged = max(most_paged, sum(pager.is_paged(r.request_id) for r in live.values()
                                          if not r.status.finished))
         for i, req in list(live.items()):
             if req.output_token_ids and "first" not in timing[i]:

@@ -43,7 +43,7 @@ def run_once(llm: LLM, mode: str, document, flush, prompt) -> dict:
     first, second = (flush, document) if mode == "no-fetch" else (document, flush)
     llm.generate([first], one)
     llm.generate([second], one)
-    store = engine.store
+    store = engine.offload.store
     store.loads.prefix_load = "layerwise" if mode == "no-fetch" else mode
     before = {k: getattr(store.stats, k) for k in STAT_KEYS}
     b = engine.add_request(prompt, SamplingParams(max_tokens=1))

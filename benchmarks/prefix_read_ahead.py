@@ -53,7 +53,7 @@ def main() -> None:
     llm.generate([document], one)
     llm.generate([flush], one)                  # the pool reuses the document's blocks
     engine = llm.engine
-    stats = engine.store.stats
+    stats = engine.offload.store.stats
     before = (stats.tier_fetch_read_s, stats.tier_fetch_hidden_s, stats.io_wait_s)
     a = engine.add_request(other, SamplingParams(max_tokens=args.decode, ignore_eos=True))
     engine.step()

@@ -53,7 +53,7 @@ def child(args) -> None:
     llm.generate(llm.encode(TextSource(llm.tokenizer, np.random.default_rng(999)).take(64)),
                  SamplingParams(max_tokens=2))
     outs = [llm.generate(p, params)[0] for p in prompts]
-    store = llm.engine.store
+    store = llm.engine.offload
     print(json.dumps({
         "ttft_s": [o.metrics.ttft_s for o in outs],
         "prompt_tokens": [len(p) for p in prompts],

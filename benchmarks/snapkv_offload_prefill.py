@@ -11,7 +11,7 @@ a time, so all see the same machine load):
   snapkv-chunk  snapkv(budget=B, chunked=true) + tiers(host): scores after every chunk
   snapkv-offload snapkv(budget=B, prefill=offload) + tiers(host): each chunk's pages go
                 to the host tier as they are written, the window scores every key at
-                the end, only the kept tokens come back (``kvmap.kv.offload_prefill``)
+                the end, only the kept tokens come back (``kvmap.kv.offload.prefill``)
 
 Per configuration: passkey accuracy with its Wilson interval, the paired difference
 against snapkv-final (bootstrap interval), peak device KV (the pool's peak blocks,

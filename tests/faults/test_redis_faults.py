@@ -21,7 +21,7 @@ def no_tier_answers():
 
 def redis_llm(url: str):
     llm = make_tiny_llm(kv=f"fp32+tiers(redis={url},fetch=always)", num_blocks=NUM_BLOCKS)
-    return llm, llm.engine.store.levels[0].tier
+    return llm, llm.engine.offload.levels[0].tier
 
 
 def wait_out_the_throttle(tier) -> None:

@@ -96,7 +96,7 @@ def make_watch(where: str, how: str, request):
         spec = f"redis={request.getfixturevalue('redis_server').url}"
     llm = make_tiny_llm(kv=f"fp32+tiers({spec},fetch=always)", num_blocks=NUM_BLOCKS)
     request.addfinalizer(llm.engine.close)
-    t = llm.engine.store.levels[0].tier
+    t = llm.engine.offload.levels[0].tier
     if where == "disk":
         return llm, Watch(t, how, lambda k: t.path_of(k).read_bytes(),
                           lambda k, d: t.path_of(k).write_bytes(d))

@@ -1,5 +1,5 @@
 """Prefill through the tiers (``snapkv(prefill=offload)+tiers(...)``,
-``kvmap.kv.offload_prefill``) on the tiny random-weight Llama:
+``kvmap.kv.offload.prefill``) on the tiny random-weight Llama:
 
 - every layer and head selects exactly the tokens end-of-prefill SnapKV selects (the
   observation window is scored over the paged-out keys too), for three codecs and three
@@ -21,8 +21,8 @@ import torch
 from kvmap import SamplingParams
 from kvmap.evals.kv_peak import track_peak_kv_bytes
 from kvmap.kv.config import KVConfig
-from kvmap.kv.offload_prefill import chunk_sizes, peak_blocks
-from kvmap.kv.tiers.page_frames import PAGE_PREFIX
+from kvmap.kv.offload.prefill import chunk_sizes, peak_blocks
+from kvmap.kv.offload.page_frames import PAGE_PREFIX
 from tests.conftest import make_tiny_llm, random_prompts
 
 BS = 4
@@ -123,7 +123,7 @@ def test_chunk_sizes_follow_the_scheduler():
 
 
 def page_keys(llm) -> list:
-    return [k for lv in llm.engine.store.levels for k in lv.tier.keys()
+    return [k for lv in llm.engine.offload.levels for k in lv.tier.keys()
             if isinstance(k, str) and k.startswith(PAGE_PREFIX)]
 
 
@@ -139,7 +139,7 @@ def test_pages_go_down_during_prefill_and_are_deleted_after_selection():
             seen_pages = max(seen_pages, len(page_keys(llm)))
             assert req.num_kv_slots < 2 * BS + 32       # < a page + one chunk resident
     assert seen_pages > 0
-    assert page_keys(llm) == [] and engine.store.pager.seqs == {}
+    assert page_keys(llm) == [] and engine.offload.pager.seqs == {}
     assert engine.kv.pool.num_used == 0
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvmap.kv.config import KVConfig
-from kvmap.kv.tiers.cost import prefill_flops
+from kvmap.kv.offload.cost import prefill_flops
 from kvmap.plan.catalogue import get_gpu, get_model
 from kvmap.plan.planner import plan_capacity
 from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest, simulate

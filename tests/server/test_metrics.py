@@ -194,7 +194,7 @@ def test_tier_percentiles_are_computed_at_scrape_time_not_per_tick(monkeypatch):
                                                    "max_tokens": 2}).status_code == 200
             time.sleep(0.5)                                  # several ticks
             assert calls == []
-            server.call(lambda loop: loop.active.store.levels[0].tier.stats
+            server.call(lambda loop: loop.active.offload.levels[0].tier.stats
                         .read_latencies_s.extend([0.5] * 1000))
             time.sleep(0.3)
             text = c.get("/metrics").text

@@ -101,27 +101,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def sweep_after_kill(kv_spec: str) -> None:
     """After a cell was killed (it ran no clean-up): remove the tier storage of dead
-    processes that its spec points at -- disk directories under the temp dir and its
-    ``disk_path``, private namespaces in its Redis. Best effort, never raises."""
+    processes that its spec's levels point at (each backend's ``sweep``: disk
+    directories, private Redis namespaces). Best effort, never raises."""
     try:
         from kvmap.kv.config import KVConfig
-        from kvmap.kv.tiers.disk import sweep_dead_directories
-        import tempfile
-        sweep_dead_directories(tempfile.gettempdir())
+        from kvmap.kv.tiers import TIER_BACKENDS
         layout = KVConfig.parse(kv_spec).tiers
-        for level in getattr(layout, "levels", ()):
-            if level.name == "disk" and "directory" in level.backend_options:
-                sweep_dead_directories(level.backend_options["directory"])
-            elif level.name == "redis":
-                import redis
-                from kvmap.kv.tiers.redis_tier import resolve_url, sweep_dead_namespaces
-                client = redis.Redis.from_url(resolve_url(level.backend_options["url"]),
-                                              socket_timeout=1.0,
-                                              socket_connect_timeout=1.0)
-                try:
-                    sweep_dead_namespaces(client)
-                finally:
-                    client.close()
+        for level in layout.levels if layout is not None else ():
+            try:
+                TIER_BACKENDS[level.name].sweep_after_kill(level.backend_options)
+            except Exception:  # noqa: BLE001 -- one level's clean-up must not stop the next
+                pass
     except Exception:  # noqa: BLE001 -- clean-up must not turn a failed cell into a crash
         pass
 

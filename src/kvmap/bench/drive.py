@@ -26,11 +26,8 @@ class LoopStats:
     num_steps: int = 0
 
     def sample(self, engine) -> None:
-        if engine.store is None:
-            return
-        for tier, usage in engine.kv.usage().tiers.items():
-            self.peak_tier_bytes[tier] = max(self.peak_tier_bytes.get(tier, 0),
-                                             usage["resident_bytes"])
+        for tier, resident_bytes in engine.tier_resident_bytes().items():
+            self.peak_tier_bytes[tier] = max(self.peak_tier_bytes.get(tier, 0), resident_bytes)
 
 
 def drive(engine, requests: list, prompt_ids: list[list[int]], concurrency: int | None,

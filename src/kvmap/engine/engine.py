@@ -5,7 +5,7 @@ that produced a token or finished in it. It owns the model, the paged KV cache, 
 scheduler and the tokenizer; ``kvmap.engine.llm.LLM`` is the friendly front.
 
 With ``tiers(...)``, a prompt larger than the pool is accepted and paged through the
-tiers (``kvmap.kv.tiers.pager``). A paged-out page that cannot be read back (missing,
+tiers (``kvmap.kv.offload``, reached through its one doorway, ``Offloader``). A paged-out page that cannot be read back (missing,
 corrupt) aborts that step's forward pass; the request is recomputed from scratch, and
 after ``MAX_PAGE_FAULTS`` such faults it is finished as aborted -- never a wrong token.
 """
@@ -23,12 +23,12 @@ from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.layer_kinds import warn_layer_kinds
-from kvmap.kv.offload_prefill import check_fits, offloads
+from kvmap.kv.offload.admission import check_prompt
+from kvmap.kv.offload.offloader import Offloader
+from kvmap.kv.offload.pager import PageLost
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
-from kvmap.kv.tiers.pager import PageLost
 from kvmap.kv.tiers.shared_namespace import weights_identity
-from kvmap.kv.tiers.store import TieredStore
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
@@ -91,20 +91,21 @@ class Engine:
         # block stays whole to share
         salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) \
             if cc.enable_prefix_caching and not per_layer else None
-        self.store = self._make_store(salt)
         policy = self.kv_config.policy
+        # paging merges a paged-out front into every layer: not for sliding layers
+        self.offload = self._make_offload(salt, paging=policy is None
+                                          and not self.geom.sliding_layers)
         min_last_chunk = policy.observation_window if policy is not None and \
             policy.needs_window_attention else 1
         # hard eviction: a finished compacted sequence is kept for the next turn
         compacted = CompactedStates(salt) if salt is not None and policy is not None \
             and policy.evict_to is None else None
-        # paging merges a paged-out front into every layer: not for sliding layers
-        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.store, min_last_chunk,
-                                   allow_paging=policy is None and not self.geom.sliding_layers,
-                                   compacted=compacted)
-        self.runner = ModelRunner(self.model, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv, salt, self.offload,
+                                   min_last_chunk, compacted=compacted)
+        self.runner = ModelRunner(self.model, self.kv, self.offload)
         self.policy = self.kv_config.policy
-        self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed) \
+        self.policy_runner = PolicyRunner(self.policy, self.kv, config.seed, self.offload,
+                                          self.scheduler.apply_page_out) \
             if self.policy is not None else None
         if self.policy_runner is not None and self.policy_runner.offload is not None:
             self.scheduler.reserve_slots = self.policy_runner.reserve_slots
@@ -124,7 +125,7 @@ class Engine:
             return cc.kv_memory_bytes
         return cc.kv_memory_tokens * bf16_bytes_per_token(self.model_config)
 
-    def _make_store(self, salt: bytes | None) -> TieredStore | None:
+    def _make_offload(self, salt: bytes | None, paging: bool) -> Offloader | None:
         """The tiers below the pool, if the KV spec has ``tiers(...)``. Blocks are kept
         there by prefix hash, so tiers need prefix caching."""
         layout = self.kv_config.tiers
@@ -136,14 +137,14 @@ class Engine:
                              f"(enable_prefix_caching is off)")
         identity = weights_identity(self.model_id, self.model_config, self.model.quantization,
                                     (self.model.embed, self.model.norm))
-        store = TieredStore(layout, self.kv, self.model_config, identity)
-        weakref.finalize(self, store.close)       # temp dirs and Redis keys go with us
-        return store
+        offload = Offloader(layout, self.kv, self.model_config, identity, paging)
+        weakref.finalize(self, offload.close)     # temp dirs and Redis keys go with us
+        return offload
 
     def close(self) -> None:
         """Release the tiers (files, Redis keys). The engine must not be used after."""
-        if self.store is not None:
-            self.store.close()
+        if self.offload is not None:
+            self.offload.close()
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -162,36 +163,11 @@ class Engine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        need_blocks = self.kv.peak_blocks(len(prompt_token_ids),
-                                          self.config.scheduler.max_num_batched_tokens)
-        pool_blocks = self.kv.pool.num_blocks
-        pager = self.scheduler.pager
-        if offloads(self.policy):          # pages its own prompt: only its peak must fit
-            check_fits(self.policy, len(prompt_token_ids), params.max_tokens,
-                       self.config.scheduler.max_num_batched_tokens, self.kv.block_size,
-                       self.store.pager.page_blocks, pool_blocks)
-            need_blocks = min(need_blocks, pool_blocks)
-        if need_blocks > pool_blocks and pager is None and self.store is not None:
-            raise ValueError(
-                f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "
-                f"the pool has {pool_blocks}, and a selection policy ({self.policy!r}) "
-                f"compresses resident blocks only, so it is not paged through the tiers "
-                f"(raise kv_memory)")
-        if need_blocks > pool_blocks and pager is None:
-            raise ValueError(
-                f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV blocks; "
-                f"the pool has {pool_blocks} (raise kv_memory, or add tiers(...) to the "
-                f"KV spec to page it)")
-        if need_blocks > pool_blocks:
-            # paging keeps a page being written out, a full step's chunk and a partial block
-            chunk = min(len(prompt_token_ids), self.config.scheduler.max_num_batched_tokens)
-            least = pager.page_blocks + -(-chunk // self.kv.block_size) + 1
-            if pool_blocks < least:
-                raise ValueError(
-                    f"prompt of {len(prompt_token_ids)} tokens needs {need_blocks} KV "
-                    f"blocks; paging it through the tiers needs a pool of at least "
-                    f"{least} (page_blocks={pager.page_blocks} + a "
-                    f"{chunk}-token prefill chunk + 1), the pool has {pool_blocks}")
+        check_prompt(len(prompt_token_ids), params.max_tokens, self.kv.block_size,
+                     self.kv.pool.num_blocks, self.config.scheduler.max_num_batched_tokens,
+                     self.policy, self.offload,
+                     need_blocks=self.kv.peak_blocks(
+                         len(prompt_token_ids), self.config.scheduler.max_num_batched_tokens))
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -253,9 +229,9 @@ class Engine:
             e.in_forward_pass = True
             raise
         self.num_prefill_tokens += batch.num_tokens - out.meta.num_decode
-        if self.store is not None:     # the cost model learns the compute rate
-            self.store.cost.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
-                                         for r, n in batch.items], time.perf_counter() - run_s)
+        if self.offload is not None:     # the cost model learns the compute rate
+            self.offload.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
+                                      for r, n in batch.items], time.perf_counter() - run_s)
         self._advance(batch.items)
         if self.policy_runner is not None:
             self.policy_runner.after_step(batch.items, out.meta)
@@ -361,7 +337,7 @@ class Engine:
     # ---- reporting -------------------------------------------------------------------
     def stats(self) -> EngineStats:
         usage, sched, pool, load = self.kv.usage(), self.scheduler, self.kv.pool, self.load
-        tiers = self.store.usage() if self.store is not None else {}
+        tiers = self.offload.usage() if self.offload is not None else {}
         pr = self.policy_runner
         return EngineStats(
             resident_bytes=usage.resident_bytes, capacity_bytes=usage.capacity_bytes,
@@ -375,9 +351,14 @@ class Engine:
             running_seq_s=load.running_seq_s, waiting_seq_s=load.waiting_seq_s,
             num_steps=load.num_steps, num_pool_full_steps=load.num_pool_full_steps,
             tiers={name: TierUsage.from_dict(t) for name, t in tiers.items()},
-            tier_store=self.store.as_dict() if self.store is not None else None,
+            tier_store=self.offload.as_dict() if self.offload is not None else None,
             num_compressions=pr.num_compressions if pr is not None else None,
             num_evicted_tokens=pr.num_evicted_tokens if pr is not None else None)
+
+    def tier_resident_bytes(self) -> dict[str, int]:
+        """Per tier level: the bytes it holds now (cheaper than ``stats()``); empty
+        without tiers."""
+        return self.offload.resident_bytes() if self.offload is not None else {}
 
     def kv_usage(self) -> dict:
         """``stats().to_dict()``: the JSON form (``LLM.kv_usage()``, the server)."""
@@ -386,5 +367,5 @@ class Engine:
     def check_integrity(self) -> None:
         live = [r.block_ids for r in self.requests.values() if r.block_ids]
         self.kv.pool.check_integrity(live)
-        if self.store is not None:
-            self.store.check_integrity()
+        if self.offload is not None:
+            self.offload.check_integrity()

@@ -42,19 +42,27 @@ compacted range, so slot distance stays position distance for their window mask:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compaction import (compact_layer, destination_blocks, read_sequence,
                                  release_blocks, slots_of)
-from kvmap.kv.offload_prefill import OffloadPrefill, offloads
+from kvmap.kv.offload.decisions import PageOut
+from kvmap.kv.offload.offloader import Offloader
+from kvmap.kv.offload.prefill import OffloadPrefill, offloads
 from kvmap.kv.policies.base import Policy, ScoreInputs
 from kvmap.model.attention import AttentionMetadata
 from kvmap.request import Request
 
 
 class PolicyRunner:
-    def __init__(self, policy: Policy, kv: PagedKVCache, seed: int = 0):
+    def __init__(self, policy: Policy, kv: PagedKVCache, seed: int = 0,
+                 offload: Offloader | None = None,
+                 apply_page_out: Callable[[Request, PageOut | None], bool] | None = None):
+        """``offload``: the engine's tiers (``evict_to``, ``prefill=offload``);
+        ``apply_page_out``: frees what a page-out took (``Scheduler.apply_page_out``)."""
         self.policy = policy
         self.kv = kv
         self.num_layers = kv.geom.num_layers
@@ -64,8 +72,10 @@ class PolicyRunner:
         self.num_deferred = 0           # compressions put off: no block for copy on write
         # soft eviction (``evict_to``): the tier level that keeps what compaction drops
         self.evict_to = getattr(policy, "evict_to", None)
-        # prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload_prefill``)
-        self.offload = OffloadPrefill(kv.tiers.pager, kv) if offloads(policy) else None
+        self.offloader = offload
+        # prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload.prefill``)
+        self.offload = OffloadPrefill(offload, kv) if offloads(policy) else None
+        self.apply_page_out = apply_page_out
 
     def layer_budgets(self, req: Request) -> list[int]:
         budgets = req.policy_layer_budgets
@@ -111,7 +121,7 @@ class PolicyRunner:
                 prompt_done = req.num_computed_tokens == req.num_tokens
                 due = over > 0 and (prompt_done or self.policy.chunked)
                 if self.offload is not None and not prompt_done:
-                    self.offload.after_chunk(req)
+                    self.apply_page_out(req, self.offload.after_chunk(req))
             if due:
                 self._compress(req, budget, meta, is_decode, where)
 
@@ -157,7 +167,7 @@ class PolicyRunner:
         if req.evicted:         # already compacted: its blocks no longer hold token blocks
             return
         for block_id, block_hash in zip(req.block_ids, req.block_hashes[:req.num_hashed_blocks]):
-            self.kv.tiers.keep_evicted(block_id, block_hash, self.evict_to)
+            self.offloader.keep_evicted(block_id, block_hash, self.evict_to)
 
     def _read_layer(self, req: Request, layer: int, num_slots: int):
         if self.offload is not None:

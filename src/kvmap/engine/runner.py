@@ -9,8 +9,9 @@ For each scheduled (request, n) it lays out n tokens on the flat token axis, wit
 Positions and KV slot indices differ once a selection policy has evicted tokens, or
 once a sequence is paged through the tiers (its ``block_ids`` / ``num_kv_slots`` are
 then the resident part after its paged-out front): the rotary position of a new token
-still counts every token of the sequence. A paged sequence's front is handed to
-attention as an ``OffloadedContext`` (``meta.offloaded_decode`` / ``offloaded_prefill``).
+still counts every token of the sequence. What attention needs from the tiers -- a
+paged sequence's front, prefix blocks still being copied in -- the runner asks the
+engine's ``Offloader`` once a step (``meta.offload``, an ``OffloadStep``).
 """
 from __future__ import annotations
 
@@ -20,8 +21,20 @@ import torch
 
 from kvmap.engine.layer_tables import per_layer_metas, window_sources
 from kvmap.kv.cache import PagedKVCache
+from kvmap.kv.offload.offloader import Offloader
 from kvmap.model.attention import AttentionMetadata, LayerHoles, PrefillSegment
 from kvmap.request import Request
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The model's inputs for one scheduled batch (``ModelRunner.build``)."""
+
+    input_ids: torch.Tensor         # (T,) the batch's new tokens, decodes first
+    positions: torch.Tensor         # (T,) their rotary positions
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor       # (N,) token rows whose logits are sampled
+    sampled: list[Request]          # the requests of those rows, in order
 
 
 @dataclass
@@ -38,13 +51,15 @@ def slot_ids_of(block_ids: list[int], start: int, count: int, block_size: int) -
 
 
 class ModelRunner:
-    def __init__(self, model, kv: PagedKVCache):
-        """``model``: a decoder (``kvmap.model.decoders``) over ``kv``."""
+    def __init__(self, model, kv: PagedKVCache, offload: Offloader | None = None):
+        """``model``: a decoder (``kvmap.model.decoders``) over ``kv``; ``offload``: the
+        tiers below the pool, or None."""
         self.model = model
         self.kv = kv
+        self.offload = offload          # the tiers below the pool, or None
         self.device = model.device
 
-    def build(self, items: list[tuple[Request, int]], policy=None):
+    def build(self, items: list[tuple[Request, int]], policy=None) -> StepInputs:
         """Flat inputs for the batch. Decodes must come first in ``items``."""
         bs = self.kv.block_size
         input_ids: list[int] = []
@@ -53,11 +68,9 @@ class ModelRunner:
         decode_tables, decode_lens, prefills = [], [], []
         sample_rows: list[int] = []
         sampled: list[Request] = []
-        pager = self.kv.tiers.pager if self.kv.tiers is not None else None
-        offloaded_decode, offloaded_prefill = {}, {}
+        decode_reqs, prefill_reqs = [], []
         holes: dict = {}       # layer -> LayerHoles: a selection policy's per-layer holes
         for req, n in items:
-            ctx = pager.context(req) if pager is not None else None
             start = len(input_ids)
             c = req.num_computed_tokens
             input_ids += req.token_ids[c:c + n]
@@ -65,14 +78,12 @@ class ModelRunner:
             slot_ids += slot_ids_of(req.block_ids, req.num_kv_slots, n, bs)
             num_kv_after = req.num_kv_slots + n
             if n == 1 and not prefills and c == req.num_tokens - 1:
-                if ctx is not None:
-                    offloaded_decode[len(decode_tables)] = ctx
+                decode_reqs.append(req)
                 row = ("decode", len(decode_tables))
                 decode_tables.append(req.block_ids[: -(-num_kv_after // bs)])
                 decode_lens.append(num_kv_after)
             else:
-                if ctx is not None:
-                    offloaded_prefill[len(prefills)] = ctx
+                prefill_reqs.append(req)
                 nb = -(-num_kv_after // bs)
                 row = ("prefill", len(prefills))
                 prefills.append(PrefillSegment(
@@ -88,8 +99,9 @@ class ModelRunner:
         meta = AttentionMetadata.build(
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
             prefills, bs, dev, self.model.dtype)
-        meta.offloaded_decode, meta.offloaded_prefill = offloaded_decode, offloaded_prefill
         meta.holes = holes
+        if self.offload is not None:     # paged fronts, prefix blocks still being copied in
+            meta.offload = self.offload.step(decode_reqs, prefill_reqs)
         if policy is not None and (policy.needs_window_attention
                                    or policy.needs_accumulated_attention):
             meta.want_scores = True
@@ -102,19 +114,18 @@ class ModelRunner:
             meta.layers = per_layer_metas(meta, self.kv.pool, sources)
         elif sources is not None:    # shared table: sliding layers keep all, masked
             meta.layers = sources
-        if self.kv.tiers is not None:     # prefix blocks still being copied in, per layer
-            meta.layer_loads = self.kv.tiers.loads.pending()
-        return (torch.tensor(input_ids, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev), meta,
-                torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)
+        return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                          torch.tensor(positions, dtype=torch.long, device=dev), meta,
+                          torch.tensor(sample_rows, dtype=torch.long, device=dev), sampled)
 
     def run(self, items: list[tuple[Request, int]], policy=None) -> StepOutput:
-        input_ids, positions, meta, sample_rows, sampled = self.build(items, policy)
-        hidden = self.model(input_ids, positions, meta, self.kv)
-        if meta.layer_loads is not None:
-            self.kv.tiers.finish_loads()
+        inputs = self.build(items, policy)
+        meta, sampled = inputs.meta, inputs.sampled
+        hidden = self.model(inputs.input_ids, inputs.positions, meta, self.kv)
+        if meta.offload.loads is not None:
+            self.offload.finish_loads()
         # every token sampled (all decodes): the rows are 0..T-1, no gather needed
-        rows = hidden if len(sampled) == hidden.shape[0] else hidden[sample_rows]
+        rows = hidden if len(sampled) == hidden.shape[0] else hidden[inputs.sample_rows]
         logits = self.model.logits(rows) if sampled else hidden.new_empty(0)
         if self.device.type == "cuda":      # the engine times the run (cost model, stats)
             torch.cuda.synchronize(self.device)

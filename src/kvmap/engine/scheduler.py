@@ -18,8 +18,10 @@ tokens it summarizes (``kvmap.kv.compacted``); a later request that starts with 
 tokens (the next turn) continues from it instead of looking up prefix blocks.
 
 With tiers, a running sequence that is alone and still short of blocks is paged instead
-(``kvmap.kv.tiers.pager``): its oldest full blocks go to the tiers a page at a time, so
-a context larger than the pool keeps decoding. Several sequences may be paged at once:
+(``kvmap.kv.offload.pager``): its oldest full blocks go to the tiers a page at a time, so
+a context larger than the pool keeps decoding. The offloading side only writes the
+pages and says which blocks went (a ``PageOut``); the scheduler frees them and shortens
+the block table (:meth:`Scheduler.apply_page_out`). Several sequences may be paged at once:
 one that is short of blocks pages its own front out when it is already paged or its
 context is larger than the whole pool (it could never fit, so preempting others would
 not help); any other is served by preemption as before.
@@ -34,8 +36,9 @@ import torch
 from kvmap.config import SchedulerConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compacted import CompactedState, CompactedStates
+from kvmap.kv.offload.decisions import PageOut
+from kvmap.kv.offload.offloader import Offloader
 from kvmap.kv.prefix import block_hashes
-from kvmap.kv.tiers.store import TieredStore
 from kvmap.request import Request, RequestStatus
 
 
@@ -56,8 +59,8 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: PagedKVCache, prefix_salt: bytes | None,
-                 store: TieredStore | None = None, min_last_chunk: int = 1,
-                 allow_paging: bool = True, compacted: CompactedStates | None = None):
+                 offload: Offloader | None = None, min_last_chunk: int = 1,
+                 compacted: CompactedStates | None = None):
         self.config = config
         # tokens the chunk that completes a prompt must hold: a selection policy's
         # observation window (SnapKV scores the prompt with its last W queries)
@@ -66,10 +69,9 @@ class Scheduler:
         self.pool = kv.pool
         self.block_size = kv.block_size
         self.prefix_salt = prefix_salt          # None disables prefix caching
-        self.store = store                      # tiers below the pool, or None
-        # paging a context larger than the pool; off with a selection policy (which
-        # compacts resident blocks only)
-        self.pager = store.pager if store is not None and allow_paging else None
+        # tiers below the pool, or None; they page a context larger than the pool
+        # unless a selection policy compacts resident blocks (``offload.paging``)
+        self.offload = offload
         # a hard-evicting policy's finished sequences, reusable by a later turn
         # (``kvmap.kv.compacted``); None: not kept
         self.compacted = compacted if prefix_salt is not None else None
@@ -97,10 +99,10 @@ class Scheduler:
         self._free_blocks(req)
 
     def _free_blocks(self, req: Request) -> None:
-        # the store's pager, not only self.pager: a policy with prefill=offload pages
-        # its prompt out itself (kvmap.kv.offload_prefill)
-        if self.store is not None and self.store.pager is not None:
-            self.store.pager.drop(req)
+        # with paging off too: a policy with prefill=offload pages its prompt out
+        # itself (kvmap.kv.offload.prefill)
+        if self.offload is not None:
+            self.offload.drop(req.request_id)
         if req.block_ids:
             self.pool.free(req.block_ids)
         req.block_ids = []
@@ -148,7 +150,7 @@ class Scheduler:
         """With tiers: start reading the tier-held prefix blocks of the first waiting
         requests, so the read overlaps this step's forward pass (``TieredStore.
         read_ahead``); once per request (its hashes are kept until admission)."""
-        if self.store is None or self.prefix_salt is None:
+        if self.offload is None or self.prefix_salt is None:
             return
         for req in list(self.waiting)[:num_requests]:
             if req.block_hashes or req.block_ids:
@@ -156,7 +158,7 @@ class Scheduler:
             req.block_hashes = block_hashes(
                 req.token_ids[:max(0, req.num_tokens - self.min_last_chunk)],
                 self.block_size, self.prefix_salt)
-            self.store.read_ahead(req.block_hashes)
+            self.offload.read_ahead(req.block_hashes)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         remaining = req.num_tokens - req.num_computed_tokens
@@ -203,9 +205,9 @@ class Scheduler:
         hashes = block_hashes(req.token_ids[:max_tokens], self.block_size, self.prefix_salt)
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
-        if self.store is not None and len(found) < len(hashes):
+        if self.offload is not None and len(found) < len(hashes):
             # the forward pass runs next: fetched blocks may arrive layer by layer in it
-            found += self.store.take_prefix(hashes, len(found), layerwise=True)
+            found += self.offload.take_prefix(hashes, len(found), layerwise=True)
         if found:
             req.block_ids = found
             req.num_computed_tokens = req.num_kv_slots = len(found) * self.block_size
@@ -251,8 +253,8 @@ class Scheduler:
             return False
         state, keys = found
         blocks = self.pool.lookup(keys)
-        if len(blocks) < len(keys) and self.store is not None:
-            blocks += self.store.take_prefix(keys, len(blocks))
+        if len(blocks) < len(keys) and self.offload is not None:
+            blocks += self.offload.take_prefix(keys, len(blocks))
         partial = state.num_kv_slots % self.block_size != 0
         if len(blocks) < len(keys) or (partial and self.pool.num_free == 0):
             self.pool.free(blocks)
@@ -307,30 +309,50 @@ class Scheduler:
         """``req`` is short of blocks for ``num_new`` tokens: page its own front out to
         the tiers if it is alone, already paged, or longer than the whole pool (module
         docstring). True if any went."""
-        if self.pager is None:
+        if self.offload is None or not self.offload.paging:
             return False
         context_blocks = -(-req.num_tokens // self.block_size)     # all of it, to come too
-        if any(r is not req for r in self.running) and not self.pager.is_paged(req) \
+        if any(r is not req for r in self.running) \
+                and not self.offload.is_paged(req.request_id) \
                 and context_blocks <= self.pool.num_blocks:
             return False
         need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
-        self.store.finish_loads()          # paging out reads the blocks just fetched
-        return self.pager.page_out(req, need)
+        return self.apply_page_out(req, self.offload.page_out(req, need))
 
     def _page_out_paged(self, req: Request, num_new: int) -> bool:
         """Room for a waiting ``req`` of ``num_new`` tokens: page out the fronts of the
         running sequences that are already paged (they read them back anyway)."""
-        if self.pager is None:
+        if self.offload is None or not self.offload.paging:
             return False
         need = -(-(req.num_kv_slots + num_new) // self.block_size) - len(req.block_ids)
-        self.store.finish_loads()          # paging out reads the blocks just fetched
         moved = False
         for r in self.running:
             if self.pool.num_free >= need:
                 break
-            if self.pager.is_paged(r):
-                moved = self.pager.page_out(r, need) or moved
+            if self.offload.is_paged(r.request_id):
+                moved = self.apply_page_out(r, self.offload.page_out(r, need)) or moved
         return moved
+
+    def apply_page_out(self, req: Request, out: PageOut | None) -> bool:
+        """The tiers took ``out``'s pages of ``req``: free their pool blocks (a block
+        only ``req`` held loses its hash: no second copy beside the tier's) and keep
+        the resident rest as its block table, which no longer starts at token 0. True
+        if any page went."""
+        if out is None:
+            return False
+        if out.request_id != req.request_id or \
+                tuple(req.block_ids[:len(out.block_ids)]) != out.block_ids:
+            raise ValueError(f"page-out of request {out.request_id!r} blocks "
+                             f"{list(out.block_ids)} is not the front of request "
+                             f"{req.request_id!r}'s block table")
+        for block_id in out.block_ids:
+            if self.pool.ref_counts[block_id] == 1:
+                self.pool.forget_hash(block_id)
+        self.pool.free(list(out.block_ids))
+        req.block_ids = req.block_ids[len(out.block_ids):]
+        req.num_kv_slots -= out.num_tokens
+        req.evicted = True
+        return True
 
     def preempt(self, req: Request) -> None:
         """Recompute ``req`` from scratch (e.g. one of its paged-out pages was lost)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# keys of a tier's usage dict (kvmap.kv.tiers.store.TieredStore.usage) read by name;
+# keys of a tier's usage dict (kvmap.kv.offload.store.TieredStore.usage) read by name;
 # the rest (codec, frame bytes, latencies, ...) travel in ``TierUsage.detail``
 _TIER_FIELDS = ("resident_bytes", "capacity_bytes", "num_blocks", "num_hits", "num_misses",
                 "bytes_read", "bytes_written", "io_s")

@@ -34,7 +34,6 @@ class KVUsage:
     num_blocks_used: int
     num_blocks_total: int
     bytes_per_block: int
-    tiers: dict                  # per lower tier: {"resident_bytes": ...}; empty without tiers
     staging_bytes: int = 0       # staging rows of blocks in use (KIVI's residual window)
     layer_tables: str = "shared"   # "per-layer": kvmap.kv.layer_pool (blocks are groups)
     # hybrid models: per layer kind (``KVGeometry.layer_kinds``), its layers, window,
@@ -49,7 +48,6 @@ class KVUsage:
             "num_blocks_total": self.num_blocks_total,
             "bytes_per_block": self.bytes_per_block,
             "usage": self.num_blocks_used / self.num_blocks_total,
-            "tiers": dict(self.tiers),
             "staging_bytes": self.staging_bytes,
             "layer_tables": self.layer_tables,
             **({"layer_kinds": self.layer_kinds} if self.layer_kinds else {}),
@@ -97,8 +95,6 @@ class PagedKVCache:
         self.layer_block_bytes = self.layers[0].block_bytes()    # one layer's block
         self.bytes_per_block = sum(layer.block_bytes() for layer in self.layers)
         self.staging_bytes = sum(layer.staging_bytes() for layer in self.layers)   # all rows
-        # the levels below the pool (kvmap.kv.tiers.store.TieredStore installs itself)
-        self.tiers = None
 
     @property
     def block_size(self) -> int:
@@ -183,7 +179,6 @@ class PagedKVCache:
             num_blocks_used=self.pool.num_used,
             num_blocks_total=self.pool.num_blocks,
             bytes_per_block=self.bytes_per_block,
-            tiers=self.tiers.resident() if self.tiers is not None else {},
             staging_bytes=staged,
             layer_tables="per-layer" if self.per_layer_tables else "shared",
             layer_kinds=self.layer_kinds_usage(),

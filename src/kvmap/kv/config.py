@@ -17,7 +17,7 @@ from typing import Any
 from kvmap.kv import grammar
 from kvmap.kv.redact import redact_spec
 from kvmap.kv.codecs import CODECS, Codec
-from kvmap.kv.offload_prefill import check_spec as _check_prefill_offload
+from kvmap.kv.offload.prefill import check_spec as _check_prefill_offload
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
 from kvmap.kv.tiers.backend import backends_top_down

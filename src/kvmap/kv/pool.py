@@ -11,7 +11,7 @@ prefix can take it back (a prefix-cache hit) until it is reallocated for somethi
 (least recently freed first), which evicts its hash. That moment -- ``allocate`` taking
 a cached block -- is when its content leaves the pool: if ``on_evict`` is set it is
 called as ``on_evict(block_id, block_hash)`` first, while the content is still intact,
-so that a tiered store (``kvmap.kv.tiers.store``) can keep a copy below the pool.
+so that a tiered store (``kvmap.kv.offload.store``) can keep a copy below the pool.
 ``on_register(block_id, block_hash)``, if set, is called when a block is first named by
 its hash (a shared tier publishes it then, for other processes).
 

@@ -20,11 +20,11 @@ tiles read only the keys their queries can see:
 
     keys ->    |<- released ->|<---- W - 1 ---->|q      query at slot q sees q-W+1 .. q
 
-A sequence paged through the tiers (``kvmap.kv.tiers.pager``) holds only its recent
+A sequence paged through the tiers (``kvmap.kv.offload.pager``) holds only its recent
 blocks in the pool; its block table and slot count describe that resident part, and
-``meta.offloaded_decode`` / ``meta.offloaded_prefill`` give, per decode row / prefill
-segment, its paged-out front (an ``OffloadedContext``: ``layer_kv(layer)`` fetches the
-layer's K/V, each (H, L_off, D)). Every paged-out key precedes every query, so that
+``meta.offload.decode`` / ``meta.offload.prefill`` (an ``OffloadStep``) give, per decode
+row / prefill segment, its paged-out front (``layer_kv(layer)`` fetches the layer's
+K/V, each (H, L_off, D)). Every paged-out key precedes every query, so that
 part needs no mask. Each part is attended separately, keeping its log-sum-exp, and the
 two are merged exactly:
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvmap.kv.codecs import Codec, HeadRows, LayerStore
+from kvmap.kv.offload.decisions import OffloadStep
 from kvmap.model import fused_decode
 from kvmap.model.fused_prefill import flash_chunk, flash_usable
 from kvmap.model.quant_attention import decode_kv
@@ -94,17 +95,15 @@ class AttentionMetadata:
     scores: dict[int, LayerScores] = field(default_factory=dict)
     # slots a selection policy left empty in a layer (per-layer budgets), masked out
     holes: dict[int, LayerHoles] = field(default_factory=dict)
-    # paged sequences: decode row / prefill segment index -> OffloadedContext
-    offloaded_decode: dict = field(default_factory=dict)
-    offloaded_prefill: dict = field(default_factory=dict)
+    # the tiers' part of this step: paged sequences' fronts (per decode row / prefill
+    # segment) and prefix blocks being copied in layer by layer (wait(layer) before a
+    # layer reads or writes its store); empty without tiers
+    offload: OffloadStep = field(default_factory=OffloadStep)
     # the decode rows' heads-first gather index (quant_attention), built by the first
     # layer and shared by all
     decode_rows: HeadRows | None = None
     # per-layer block tables (kvmap.engine.layer_tables): layer -> its own metadata
     layers: list | None = None
-    # prefix blocks being copied into the pool layer by layer (kvmap.kv.tiers.
-    # layer_loader.LayerLoader): wait(layer) before a layer reads or writes its store
-    layer_loads: object | None = None
     # a sliding-window layer's metadata (``windowed``): keys visible to a query, itself
     # included; None: every key of the context
     window: int | None = None
@@ -156,7 +155,7 @@ class AttentionMetadata:
         meta = AttentionMetadata.build(self.slot_ids, tables, lens, prefills, block_size,
                                        self.slot_ids.device, dtype, window)
         for name in ("want_scores", "observation_window", "accumulate", "scores", "holes",
-                     "offloaded_decode", "offloaded_prefill", "layer_loads"):
+                     "offload"):
             setattr(meta, name, getattr(self, name))
         return meta
 
@@ -167,8 +166,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
     """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
     Mutates ``store`` (writes k, v at ``meta.slot_ids``). Scores are scaled by ``scale``,
     by default ``D ** -0.5``."""
-    if meta.layer_loads is not None:
-        meta.layer_loads.wait(layer_idx)
+    meta.offload.wait(layer_idx)
     if meta.layers is not None:          # per-layer block tables: this layer's own
         meta = meta.layers[layer_idx]
     T, num_heads, head_dim = q.shape
@@ -187,13 +185,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
         qs = q[seg.start:seg.end].view(C, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         acc = None
         hole = meta.holes[layer_idx].prefill.get(i) if layer_idx in meta.holes else None
-        ctx = meta.offloaded_prefill.get(i)
+        ctx = meta.offload.prefill.get(i)
         if meta.want_scores:
             stats = meta.scores.setdefault(layer_idx, LayerScores())
             if meta.accumulate:
                 acc = stats.accumulated[i] = torch.zeros(num_kv_heads, L, device=q.device)
             # paged-out keys join the window of the chunk that completes the prompt (the
-            # one a final-only policy reads: kvmap.kv.offload_prefill)
+            # one a final-only policy reads: kvmap.kv.offload.prefill)
             front = (ctx.layer_kv(layer_idx)[0] if ctx is not None and seg.completes_prompt
                      else None)
             stats.window[i] = _window_attention(qs, kc, meta.observation_window, hole, front)
@@ -218,7 +216,8 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     _, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     holes = meta.holes[layer_idx].decode if layer_idx in meta.holes else {}
-    if not meta.offloaded_decode and fused_decode.usable(q.device):
+    offloaded = meta.offload.decode
+    if not offloaded and fused_decode.usable(q.device):
         mask = meta.decode_mask[0, :, 0, :].float()                       # (B, L)
         if holes:
             mask = mask.clone()
@@ -242,7 +241,7 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     scores += meta.decode_mask                                        # (H, B, G, L)
     for b, (first, end) in holes.items():
         scores[:, b, :, first:end] = NEG_INF
-    if meta.offloaded_decode:
+    if offloaded:
         probs, lse_res = softmax_lse(scores)
         probs = probs.to(scores.dtype)
     else:
@@ -253,7 +252,7 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     o = kv.values(probs.view(num_kv_heads * B, group, -1))            # (H*B, G, D)
     out[:B] = o.view(num_kv_heads, B, group * head_dim).transpose(0, 1).reshape(
         B, num_heads * head_dim)
-    for b, ctx in meta.offloaded_decode.items():
+    for b, ctx in offloaded.items():
         shape = (num_kv_heads, group, 1, head_dim)
         merged = _with_offloaded(q[b].view(shape), out[b].view(shape),
                                  lse_res[:, b, :, None], ctx, layer_idx)

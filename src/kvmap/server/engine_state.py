@@ -43,8 +43,8 @@ def engine_state(engine: Engine) -> EngineState:
     pool = engine.kv.pool
     per_block = engine.kv.bytes_per_block
     tiers = {}
-    if engine.store is not None:
-        for lv in engine.store.levels:
+    if engine.offload is not None:
+        for lv in engine.offload.levels:
             stats = lv.tier.stats
             tiers[lv.tier.name] = TierCounters(lv.tier.used_bytes, lv.tier.capacity_bytes,
                                                stats.hits, stats.misses,
@@ -63,6 +63,6 @@ def engine_state(engine: Engine) -> EngineState:
 def tier_windows(engine: Engine) -> dict[str, object]:
     """Tier name -> its read-latency window (a deque the engine thread appends to; the
     scrape copies it, which is atomic under the GIL)."""
-    if engine.store is None:
+    if engine.offload is None:
         return {}
-    return {lv.tier.name: lv.tier.stats.read_latencies_s for lv in engine.store.levels}
+    return {lv.tier.name: lv.tier.stats.read_latencies_s for lv in engine.offload.levels}

@@ -21,12 +21,12 @@ def run_one(spec: dict) -> dict:
               max_num_batched_tokens=64, device="cpu")
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), ignore_eos=True)
     outs = llm.generate(spec["prompts"], params)
-    store = llm.engine.store
+    store = llm.engine.offload
     levels = store.usage() if store is not None else {}
     redis = levels.get("redis", {})
     result = {"tokens": [o.token_ids for o in outs],
               "cached_tokens": [o.metrics.num_cached_prompt_tokens for o in outs],
-              "fetched_tokens": store.stats.num_fetched_tokens if store else 0,
+              "fetched_tokens": store.store.stats.num_fetched_tokens if store else 0,
               "redis_hits": redis.get("num_hits", 0),
               "redis_errors": redis.get("errors", {}),
               "namespace": (store.levels[-1].tier.key_prefix.decode()

@@ -16,9 +16,9 @@ from kvmap.kv.config import KVConfig
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers import TIER_BACKENDS
 from kvmap.kv.tiers.backend import tier_backend
-from kvmap.kv.tiers.cost import CostModel
+from kvmap.kv.offload.cost import CostModel
 from kvmap.kv.tiers.host import HostTier
-from kvmap.kv.tiers.store import TieredStore
+from kvmap.kv.offload.store import TieredStore
 from kvmap.model.shapes import get_shape
 
 TINY = get_shape("tiny")

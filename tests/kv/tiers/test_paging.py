@@ -1,4 +1,4 @@
-"""Paging a context larger than the pool through the tiers (`kv/tiers/pager.py`):
+"""Paging a context larger than the pool through the tiers (`kv/offload/pager.py`):
 attention over resident and paged-out keys merged by log-sum-exp equals dense attention;
 greedy tokens and logits with paging equal those of an un-paged run with a big pool, for
 every prefetch mode and a host+disk chain; counters add up; lost or corrupt pages are
@@ -10,6 +10,7 @@ import torch
 
 from kvmap import SamplingParams
 from kvmap.kv.codecs import CODECS
+from kvmap.kv.offload.decisions import OffloadStep
 from kvmap.kv.spec import KVGeometry
 from kvmap.model.attention import AttentionMetadata, PrefillSegment, paged_attention
 from kvmap.model.shapes import get_shape
@@ -83,12 +84,12 @@ def test_attention_over_resident_and_offloaded_keys_equals_dense(chunk):
         if chunk == 1:
             meta = AttentionMetadata.build(new_slots, [table], [n_total], [], BS, "cpu")
             if ctx is not None:
-                meta.offloaded_decode = {0: ctx}
+                meta.offload = OffloadStep(decode={0: ctx})
         else:
             seg = PrefillSegment(0, chunk, torch.tensor(table), n_total)
             meta = AttentionMetadata.build(new_slots, [], [], [seg], BS, "cpu")
             if ctx is not None:
-                meta.offloaded_prefill = {0: ctx}
+                meta.offload = OffloadStep(prefill={0: ctx})
         return paged_attention(q, k_all[new:], v_all[new:], store, codec, meta, H)
 
     dense = run(0, None)
@@ -148,7 +149,7 @@ def test_counters_add_up_and_pages_are_deleted_after():
         p["frame_bytes"]["host"]
     assert p["num_frames_read"] == p["num_prefetch_hits"] + p["num_sync_reads"]
     assert host["num_hits"] == p["num_frames_read"] + p["num_wasted_prefetches"]
-    assert not any(k.startswith("page/") for k in llm.engine.store.levels[0].tier.keys())
+    assert not any(k.startswith("page/") for k in llm.engine.offload.levels[0].tier.keys())
     assert usage["num_blocks_used"] == 0
     llm.engine.check_integrity()
     llm.engine.close()
@@ -206,12 +207,12 @@ def run_with_fault(llm, fault, after_steps=12):
 
 
 def page_keys(llm):
-    return [k for lv in llm.engine.store.levels for k in lv.tier.keys()
+    return [k for lv in llm.engine.offload.levels for k in lv.tier.keys()
             if isinstance(k, str) and k.startswith("page/")]
 
 
 def corrupt_host_pages(llm):
-    host = llm.engine.store.levels[0].tier
+    host = llm.engine.offload.levels[0].tier
     keys = page_keys(llm)
     assert keys
     for key in keys:
@@ -224,11 +225,11 @@ def delete_pages(llm):
     keys = page_keys(llm)
     assert keys
     for key in keys:
-        llm.engine.store.levels[0].tier.delete(key)
+        llm.engine.offload.levels[0].tier.delete(key)
 
 
 def corrupt_disk_files(llm):
-    disk = llm.engine.store.levels[-1].tier
+    disk = llm.engine.offload.levels[-1].tier
     keys = [k for k in disk.keys() if k.startswith("page/")]
     assert keys
     for key in keys:
@@ -266,13 +267,13 @@ def test_tiers_too_small_for_the_pages_abort_not_wrong_tokens():
 def run_together(llm, prompts):
     """Run ``prompts`` at once, checking the pool after every step; returns the requests
     and the most of them paged at the same time."""
-    engine, pager = llm.engine, llm.engine.store.pager
+    engine, pager = llm.engine, llm.engine.offload.pager
     reqs = [engine.add_request(p, GREEDY) for p in prompts]
     most_paged = 0
     while engine.has_unfinished():
         engine.step()
         engine.check_integrity()
-        most_paged = max(most_paged, sum(pager.is_paged(r) for r in reqs if not r.status.finished))
+        most_paged = max(most_paged, sum(pager.is_paged(r.request_id) for r in reqs if not r.status.finished))
     return reqs, most_paged
 
 
@@ -286,7 +287,7 @@ def test_two_sequences_paged_at_once_give_the_tokens_of_one_at_a_time():
     reqs, most_paged = run_together(llm, prompts)
     assert most_paged == 2
     assert [r.output_token_ids for r in reqs] == alone
-    assert llm.engine.store.pager.seqs == {} and paging(llm)["num_page_faults"] == 0
+    assert llm.engine.offload.pager.seqs == {} and paging(llm)["num_page_faults"] == 0
 
 
 @pytest.mark.parametrize("pool_blocks, page_blocks", [(16, 4), (20, 4), (24, 8)])

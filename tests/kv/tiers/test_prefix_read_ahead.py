@@ -20,7 +20,7 @@ def test_a_waiting_request_s_prefix_is_read_while_another_runs():
     engine.step()
     waiting = engine.add_request(PREFIX + TAIL, GREEDY)   # max_num_seqs=1: it waits
     engine.step()
-    store = engine.store.stats
+    store = engine.offload.store.stats
     assert waiting in engine.scheduler.waiting and store.num_read_ahead_blocks > 0
     while engine.has_unfinished():
         engine.step()

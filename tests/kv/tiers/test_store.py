@@ -17,9 +17,9 @@ from kvmap.kv.config import KVConfig
 from kvmap.kv.prefix import block_hashes, prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers import disk as disk_module
-from kvmap.kv.tiers.cost import CostModel, prefill_flops
+from kvmap.kv.offload.cost import CostModel, prefill_flops
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
-from kvmap.kv.tiers.store import TieredStore
+from kvmap.kv.offload.store import TieredStore
 from kvmap.model.shapes import get_shape
 from tests.conftest import make_tiny_llm, random_prompts
 
@@ -336,9 +336,9 @@ def test_greedy_tokens_with_tiers_equal_recompute(kind, eviction, request, recom
     assert sum(t["num_hits"] for t in usage["tiers"].values()) == store["num_promoted_blocks"]
     assert all(t["errors"] == {} for t in usage["tiers"].values())
     assert sum(t["num_evictions"] for t in usage["tiers"].values()) > 0   # the order mattered
-    resident = llm.engine.kv.usage().tiers                 # KVUsage.tiers: bytes per level
+    resident = llm.engine.tier_resident_bytes()            # bytes per level
     assert resident.keys() == usage["tiers"].keys()
-    assert all(r["resident_bytes"] == usage["tiers"][name]["resident_bytes"] > 0
+    assert all(r == usage["tiers"][name]["resident_bytes"] > 0
                for name, r in resident.items())
     if kind == "host+disk":
         assert usage["tiers"]["disk"]["num_hits"] > 0
@@ -372,7 +372,7 @@ def test_tiers_need_prefix_caching():
 def test_disk_faults_mid_run_lose_nothing(fault, tmp_path, monkeypatch, recompute_answers):
     llm = make_tiny_llm(kv=f"fp32+tiers(disk=1MiB,disk_path={tmp_path},fetch=always)",
                         num_blocks=NUM_BLOCKS)
-    disk = llm.engine.store.levels[0].tier
+    disk = llm.engine.offload.levels[0].tier
 
     def between(turn, conversation):
         if (turn, conversation) != (1, 1):
@@ -397,7 +397,7 @@ def test_disk_faults_mid_run_lose_nothing(fault, tmp_path, monkeypatch, recomput
 def test_redis_trouble_mid_run_loses_no_request(fault, redis_server, recompute_answers):
     llm = make_tiny_llm(kv=f"fp32+tiers(redis={redis_server.url},fetch=always)",
                         num_blocks=NUM_BLOCKS)
-    tier = llm.engine.store.levels[0].tier
+    tier = llm.engine.offload.levels[0].tier
 
     def between(turn, conversation):
         if (turn, conversation) != (1, 1):

@@ -35,7 +35,7 @@ block; 0 = compress the prompt only; ``kvmap.kv.policies.base``); ``prefill`` --
 ``resident`` (the default: the whole prompt stays in the pool until the window scores
 it) or ``offload`` (prefill through the tiers: each chunk's pages go down as they are
 written and only the selected tokens come back; needs ``tiers(...)``;
-``kvmap.kv.offload_prefill``).
+``kvmap.kv.offload.prefill``).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class SnapKV(Policy):
 
     @property
     def prefill_offload(self) -> bool:
-        """Prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload_prefill``)."""
+        """Prefill through the tiers (``prefill=offload``, ``kvmap.kv.offload.prefill``)."""
         return self.options["prefill"] == "offload"
 
     @property

@@ -3,7 +3,7 @@
 (``TIER_BACKENDS`` in ``backend.py``; each backend file registers itself)."""
 from __future__ import annotations
 
-from kvmap.kv.tiers import disk, host, shared_redis  # noqa: F401  (they register)
+from kvmap.kv.tiers import disk, host, redis_backend  # noqa: F401  (they register)
 from kvmap.kv.tiers.backend import TIER_BACKENDS
 from kvmap.kv.tiers.layout import TIER_PARTS
 

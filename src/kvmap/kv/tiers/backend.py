@@ -4,13 +4,14 @@ the cost model's priors for it.
 A backend registers its :class:`~kvmap.kv.tiers.base.Tier` class where it is defined::
 
     @tier_backend(order=20, latency_prior_s=200e-6, bandwidth_prior_bytes_per_s=5e8,
-                  options={"disk_path": "directory"})
+                  options={"disk_path": "parent"})
     class DiskTier(Tier):
         name = "disk"
 
 and from then on ``tiers(disk=4GiB, disk_path=/tmp/x, disk_codec=int4)`` parses
-(``layout.py``), the tiered store builds the level (``store.py``), the cost model prices
-it (``cost.py``) and ``kvmap specs`` lists it -- none of them names a backend. The
+(``layout.py``), the tiered store builds the level (``kvmap.kv.offload.store``), the
+cost model prices it (``kvmap.kv.offload.cost``), the bench sweeps a killed cell's
+storage through ``sweep`` and ``kvmap specs`` lists it -- none of them names a backend. The
 spec options of a backend called ``NAME``:
 
 - ``NAME=`` enables the level; its value is the capacity (``host=1GiB``), or, with
@@ -45,6 +46,9 @@ class TierBackend:
     default_size: str | None = None
     check: Callable[[Any], None] | None = None   # validates NAME= (ValueError)
     check_options: Callable[[dict], None] | None = None  # validates options together
+    # after a process of this layout was killed (it ran no clean-up): removes the storage
+    # of dead processes that a level's constructor keywords point at; best effort
+    sweep: Callable[[dict], None] | None = None
 
     def __post_init__(self) -> None:
         if (self.locator is None) != (self.size_option is None):
@@ -90,6 +94,11 @@ class TierBackend:
 
     def create(self, capacity_bytes: int, eviction: str, **kwargs: Any):
         return self.tier_class(capacity_bytes, eviction, **kwargs)
+
+    def sweep_after_kill(self, kwargs: dict) -> None:
+        """``sweep`` with a level's constructor keywords, if the backend has one."""
+        if self.sweep is not None:
+            self.sweep(kwargs)
 
 
 TIER_BACKENDS: Registry[TierBackend] = Registry("tier backend")

@@ -98,21 +98,36 @@ def _os_error_kind(e: OSError) -> str:
     return "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "io"
 
 
+def sweep_after_kill(options: dict) -> None:
+    """A killed process's disk levels: the directories of dead processes under the temp
+    dir and under the level's ``parent`` (``disk_path=``)."""
+    sweep_dead_directories(tempfile.gettempdir())
+    if options.get("parent") is not None:
+        sweep_dead_directories(options["parent"])
+
+
 @tier_backend(order=20, latency_prior_s=200e-6, bandwidth_prior_bytes_per_s=5e8,
-              options={"disk_path": "directory"})
+              options={"disk_path": "parent"}, sweep=sweep_after_kill)
 class DiskTier(Tier):
-    """Blocks as files under ``directory`` (default: a fresh temp dir, removed by
-    :meth:`close`). ``capacity_bytes`` bounds the sum of file sizes."""
+    """Blocks as files under ``directory``, or, when it is not given, under a fresh
+    directory of this process (``private_directory``) under ``parent`` (default: the
+    temp dir; ``disk_path=``), removed by :meth:`close`. ``capacity_bytes`` bounds the
+    sum of file sizes."""
 
     name = "disk"
     verify_reads = True
     authenticate = True
 
     def __init__(self, capacity_bytes: int, eviction="lru", on_evict=None,
-                 directory: str | os.PathLike | None = None) -> None:
+                 directory: str | os.PathLike | None = None,
+                 parent: str | os.PathLike | None = None) -> None:
+        if directory is not None and parent is not None:
+            raise ValueError(f"disk tier: directory={str(directory)!r} and "
+                             f"parent={str(parent)!r} exclude each other")
         super().__init__(capacity_bytes, eviction, on_evict)
         self._owns_directory = directory is None
-        self.directory = Path(directory) if directory is not None else private_directory()
+        self.directory = Path(directory) if directory is not None \
+            else private_directory(parent)
         self.directory.mkdir(parents=True, exist_ok=True)
         for pattern in (f"*{SUFFIX}", f"*{SUFFIX}.*.tmp"):
             for stale in self.directory.glob(pattern):

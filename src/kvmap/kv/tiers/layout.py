@@ -8,7 +8,7 @@
 
 The per-level options come from the registered tier backends (``backend.py``): each
 backend ``NAME`` adds ``NAME=``, ``NAME_codec=`` and its own options, so a new backend
-needs no edit here. A layout only describes; :class:`kvmap.kv.tiers.store.TieredStore`
+needs no edit here. A layout only describes; :class:`kvmap.kv.offload.store.TieredStore`
 builds the tiers.
 
 Levels run top-down (host -> disk -> redis, by each backend's ``order``), over the ones

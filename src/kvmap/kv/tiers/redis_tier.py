@@ -28,8 +28,8 @@ the namespace, and the first tier of a process deletes the namespaces of dead pr
 of this host (a killed cell runs neither). A ``key_prefix`` given explicitly is a shared
 namespace: it is never swept by another process, only expired by its TTL.
 
-The ``redis`` backend is registered in ``shared_redis.py``, next to the shared variant
-(``tiers(redis=URL, shared=true, ...)``) that it builds when asked.
+The ``redis`` backend is registered in ``redis_backend.py``, which builds this tier or
+its shared variant (``shared_redis.py``, ``tiers(redis=URL, shared=true, ...)``).
 """
 from __future__ import annotations
 

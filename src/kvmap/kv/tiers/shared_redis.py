@@ -36,12 +36,11 @@ Only an operator clears a namespace, with :func:`clear_namespace`.
 from __future__ import annotations
 
 from kvmap.kv.tiers.auth import FrameAuth
-from kvmap.kv.tiers.backend import TIER_BACKENDS, TierBackend
 from kvmap.kv.tiers.base import Key, TierError, key_bytes
-from kvmap.kv.tiers.redis_tier import RedisTier, check_url, private_prefix
+from kvmap.kv.tiers.redis_tier import RedisTier, private_prefix
 from kvmap.kv.tiers.shared_frames import index_entry, open_sealed, read_index_entry, seal
 from kvmap.kv.tiers.shared_namespace import (
-    check_shared_options, namespace_prefix, shared_auth_key)
+    namespace_prefix, shared_auth_key)
 
 MAX_REFUSED_KEYS = 65536     # keys remembered as unreadable, so they are not re-fetched
 
@@ -170,17 +169,3 @@ def clear_namespace(client, fingerprint: bytes) -> int:
     match = namespace_prefix(fingerprint) + "*"
     keys = list(client.scan_iter(match=match, count=1000))
     return sum(client.unlink(*keys[i:i + 512]) for i in range(0, len(keys), 512))
-
-
-def make_redis_tier(capacity_bytes: int, eviction="lru", on_evict=None, *,
-                    shared: bool = False, **kwargs) -> RedisTier:
-    """The redis level a layout asks for: shared, or this process's own."""
-    cls = SharedRedisTier if shared else RedisTier
-    return cls(capacity_bytes, eviction, on_evict, **kwargs)
-
-
-TIER_BACKENDS.register("redis")(TierBackend(
-    "redis", make_redis_tier, order=30, latency_prior_s=500e-6,
-    bandwidth_prior_bytes_per_s=2e8, options={"shared": "shared", "shared_key": "shared_key"},
-    locator="url", size_option="redis_size", default_size="1GiB", check=check_url,
-    check_options=check_shared_options))

@@ -27,7 +27,7 @@ weights, its attention by reading the KV; a long prefill is compute-bound throug
 
 ``attention_pairs`` counts (query token, key token) pairs: a decode over a context of c
 resident tokens is c pairs (plus itself); a causal prefill of tokens [s, e) is
-``sum_{t=s}^{e-1} (t + 1)`` pairs, as :func:`kvmap.kv.tiers.cost.prefill_flops` counts them.
+``sum_{t=s}^{e-1} (t + 1)`` pairs, as :func:`kvmap.kv.offload.cost.prefill_flops` counts them.
 
 The resource with the largest time is the step's bottleneck; every step's times are kept
 so the results can say where the time went and when the bottleneck moved.

@@ -24,7 +24,7 @@ import torch
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.codecs import Codec, LayerStore
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.frames import FrameMismatch, same_codec
+from kvmap.kv.offload.frames import FrameMismatch, same_codec
 
 PAGE_PREFIX = "page/"
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.frames import FrameMismatch
+from kvmap.kv.offload.frames import FrameMismatch
 
 
 class TensorSlot(NamedTuple):

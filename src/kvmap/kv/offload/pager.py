@@ -2,8 +2,10 @@
 
 A running sequence that cannot grow even alone in the pool is *paged*: its oldest full
 blocks leave the pool in pages of ``page_blocks`` blocks, written one frame per page per
-layer (``page_frames.py``) to the top tier level, and their pool blocks are freed. The
-sequence keeps, resident, everything after its paged-out front::
+layer (``page_frames.py``) to the top tier level; the pager returns what went (a
+``PageOut``, ``decisions.py``) and the engine's scheduler frees those pool blocks and
+shortens the request's block table. The sequence keeps, resident, everything after its
+paged-out front::
 
     logical tokens   [ page 0 | page 1 | ... | page n-1 | resident blocks ... | new ]
                        ^ in the tiers, per layer            ^ req.block_ids, num_kv_slots
@@ -50,7 +52,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.page_frames import PageFrames, page_key
+from kvmap.kv.offload.decisions import PageOut
+from kvmap.kv.offload.page_frames import page_key
 
 PREFETCH_MODES = ("none", "window", "attention")
 
@@ -143,7 +146,7 @@ class OffloadedContext:
 class Pager:
     """Pages sequences of one tiered store (``store.py``) out and back, layer by layer."""
 
-    def __init__(self, store, mode: str = "none", page_blocks: int = 16, depth: int = 2,
+    def __init__(self, store, mode: str = "none", depth: int = 2,
                  prefetch_pages: int = 0) -> None:
         if mode not in PREFETCH_MODES:
             raise ValueError(f"prefetch={mode!r} is not one of {', '.join(PREFETCH_MODES)}")
@@ -153,8 +156,8 @@ class Pager:
         self.depth = depth
         self.prefetch_pages = prefetch_pages
         self.num_layers = self.kv.geom.num_layers
-        self.frames = PageFrames(self.kv, page_blocks, [lv.codec for lv in store.levels])
-        self.page_blocks = page_blocks
+        self.frames = store.page_frames
+        self.page_blocks = self.frames.page_blocks
         self.stats = PagingStats()
         self.seqs: dict[str, PagedSeq] = {}
         self._uids = itertools.count()
@@ -163,42 +166,56 @@ class Pager:
                           if mode != "none" else None)
 
     # ---- residency ---------------------------------------------------------------------
-    def is_paged(self, req) -> bool:
-        return req.request_id in self.seqs
+    def is_paged(self, request_id: str) -> bool:
+        return request_id in self.seqs
 
     def context(self, req) -> OffloadedContext | None:
         seq = self.seqs.get(req.request_id)
         return OffloadedContext(self, seq) if seq is not None and seq.num_pages else None
 
-    def page_out(self, req, num_free_wanted: int) -> bool:
-        """Page out ``req``'s oldest full resident blocks, a page at a time, until the
-        pool has ``num_free_wanted`` free blocks or nothing more can go. True if at least
-        one page went out. The block being written (and any partial one) stays."""
+    def page_out(self, req, num_free_wanted: int) -> PageOut | None:
+        """Write ``req``'s oldest full resident blocks to the top level, a page at a time,
+        until freeing them leaves the pool ``num_free_wanted`` free blocks or nothing more
+        can go. The block being written (and any partial one) stays. Returns the pages
+        that went, for the caller to free (:class:`PageOut`); None if none did. Reads
+        ``req`` and the pool, changes neither."""
         pool, bs, P = self.kv.pool, self.kv.block_size, self.page_blocks
-        moved = False
-        while pool.num_free < num_free_wanted and req.num_kv_slots // bs >= P:
-            if not self._page_out_one(req):
+        num_free, num_pages = pool.num_free, 0
+        while num_free < num_free_wanted and req.num_kv_slots // bs - num_pages * P >= P:
+            page = req.block_ids[num_pages * P:(num_pages + 1) * P]
+            if not self._write_page(req.request_id, page):
                 break
-            moved = True
-        return moved
-
-    def page_out_all(self, req) -> int:
-        """Page out every whole page of ``req``'s full resident blocks, whatever the
-        pool holds (prefill through the tiers, ``kvmap.kv.offload_prefill``): afterwards
-        fewer than ``page_blocks`` full blocks, and any partial one, stay. Returns the
-        pages that went (a tier that refuses a frame stops it early)."""
-        num_pages = 0
-        while req.num_kv_slots // self.kv.block_size >= self.page_blocks \
-                and self._page_out_one(req):
+            num_free += sum(pool.ref_counts[b] == 1 for b in page)   # ours alone: freed
             num_pages += 1
-        return num_pages
+        return self._went(req, num_pages)
 
-    def _page_out_one(self, req) -> bool:
+    def page_out_all(self, req) -> PageOut | None:
+        """Write every whole page of ``req``'s full resident blocks, whatever the pool
+        holds (prefill through the tiers, ``kvmap.kv.offload.prefill``): once the caller
+        frees them, fewer than ``page_blocks`` full blocks, and any partial one, stay.
+        Returns the pages that went (a tier that refuses a frame stops it early)."""
+        P = self.page_blocks
+        num_full, num_pages = req.num_kv_slots // self.kv.block_size, 0
+        while num_full - num_pages * P >= P and self._write_page(
+                req.request_id, req.block_ids[num_pages * P:(num_pages + 1) * P]):
+            num_pages += 1
+        return self._went(req, num_pages)
+
+    def _went(self, req, num_pages: int) -> PageOut | None:
+        if num_pages == 0:
+            return None
+        num_blocks = num_pages * self.page_blocks
+        return PageOut(req.request_id, tuple(req.block_ids[:num_blocks]),
+                       num_pages * self.frames.page_tokens)
+
+    def _write_page(self, request_id: str, blocks: list[int]) -> bool:
+        """One page's frames, every layer, into the top level; False (counted, nothing
+        left behind) when the level refuses one."""
         start_s = time.perf_counter()
-        seq = self.seqs.get(req.request_id)
+        seq = self.seqs.get(request_id)
         if seq is None:
-            seq = PagedSeq(next(self._uids), req.request_id)
-        page, blocks = seq.num_pages, req.block_ids[:self.page_blocks]
+            seq = PagedSeq(next(self._uids), request_id)
+        page = seq.num_pages
         top = self.store.levels[0]
         written: list[str] = []
         with self.store.lock:
@@ -214,26 +231,18 @@ class Pager:
                 written.append(key)
                 self.stats.num_frames_written += 1
                 self.stats.bytes_written += len(data)
-        if req.request_id not in self.seqs:
-            self.seqs[req.request_id] = seq
+        if request_id not in self.seqs:
+            self.seqs[request_id] = seq
             self.stats.num_paged_requests += 1
-        pool = self.kv.pool
-        for b in blocks:                 # no second copy of a block only we held
-            if pool.ref_counts[b] == 1:
-                pool.forget_hash(b)
-        pool.free(blocks)
-        req.block_ids = req.block_ids[self.page_blocks:]
-        req.num_kv_slots -= self.frames.page_tokens
-        req.evicted = True               # its block table no longer starts at token 0
         seq.num_pages += 1
         self.stats.num_pages_out += 1
         self.stats.page_out_s += time.perf_counter() - start_s
         return True
 
-    def drop(self, req) -> None:
-        """Forget ``req``'s pages (finished, aborted or preempted): cancel its reads
-        ahead and delete its frames from every level."""
-        seq = self.seqs.pop(req.request_id, None)
+    def drop(self, request_id: str) -> None:
+        """Forget the pages of ``request_id`` (finished, aborted or preempted): cancel
+        its reads ahead and delete its frames from every level."""
+        seq = self.seqs.pop(request_id, None)
         if seq is None:
             return
         for key in [k for k in self._inflight if k[0] == seq.uid]:

@@ -17,7 +17,7 @@ layer during the forward pass (``layer_loader.py``).
 """
 from __future__ import annotations
 
-from kvmap.kv.tiers.layer_loader import FrameLayout, LayerLoader
+from kvmap.kv.offload.layer_loader import FrameLayout, LayerLoader
 
 PREFIX_LOADS = ("layerwise", "batched", "per-block")
 

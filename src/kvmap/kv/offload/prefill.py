@@ -8,7 +8,8 @@ peak but scores with ordinary text and loses what the question asks for. With
 
 1. after each prefill chunk but the last, the sequence's full resident blocks go down
    to the top tier level a page at a time (``Pager.page_out_all``; fewer than
-   ``page_blocks`` full blocks and the partial one stay) and their pool blocks are freed;
+   ``page_blocks`` full blocks and the partial one stay) and the scheduler frees their
+   pool blocks (``Scheduler.apply_page_out``);
 2. the next chunk attends to the paged-out front exactly, by log-sum-exp merging
    (``kvmap.model.attention``, as any paged sequence does);
 3. the chunk that completes the prompt (at least ``window`` tokens, the scheduler's
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from kvmap.kv.compaction import read_sequence
+from kvmap.kv.offload.decisions import PageOut
 
 
 def offloads(policy: Any) -> bool:
@@ -61,38 +63,37 @@ def check_spec(text: str, policy: Any, tiers: Any) -> None:
 
 
 class OffloadPrefill:
-    """The pager's side of prefill through the tiers, for the policy runner."""
+    """The offloading side of prefill through the tiers, for the policy runner."""
 
-    def __init__(self, pager, kv) -> None:
-        self.pager = pager
+    def __init__(self, offload, kv) -> None:
+        self.offload = offload       # the engine's Offloader
         self.kv = kv
 
     def num_offloaded(self, req) -> int:
-        ctx = self.pager.context(req)
-        return ctx.num_tokens if ctx is not None else 0
+        return self.offload.num_offloaded_tokens(req)
 
     def num_slots(self, req) -> int:
         """Every KV slot of ``req``: its paged-out front and its resident part."""
         return self.num_offloaded(req) + req.num_kv_slots
 
-    def after_chunk(self, req) -> int:
+    def after_chunk(self, req) -> PageOut | None:
         """A prefill chunk of ``req`` that does not complete its prompt is written:
-        page its whole pages out. Returns the pages that went."""
-        return self.pager.page_out_all(req)
+        its whole pages go to the tiers. Returns them, for the caller to free."""
+        return self.offload.page_out_all(req)
 
     def read_layer(self, req, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of every slot of ``req`` in ``layer``, each (num_slots, H, D) in time
         order: the paged-out front read back from the tier, then the resident part."""
         k, v = read_sequence(self.kv, layer, req.block_ids, req.num_kv_slots)
-        ctx = self.pager.context(req)
-        if ctx is None:
+        front = self.offload.read_front(req, layer)                       # (H, Lo, D)
+        if front is None:
             return k, v
-        k_off, v_off = self.pager.layer_kv(ctx.seq, layer)                 # (H, Lo, D)
+        k_off, v_off = front
         return (torch.cat([k_off.transpose(0, 1), k]), torch.cat([v_off.transpose(0, 1), v]))
 
     def release(self, req) -> None:
         """The kept tokens are in pool blocks: delete ``req``'s pages from the tiers."""
-        self.pager.drop(req)
+        self.offload.drop(req.request_id)
 
 
 def chunk_sizes(num_prompt_tokens: int, chunk_tokens: int, min_last_chunk: int) -> list[int]:

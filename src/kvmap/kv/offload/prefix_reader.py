@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from kvmap.kv.tiers import serde
-from kvmap.kv.tiers.frames import FrameMismatch
+from kvmap.kv.offload.frames import FrameMismatch
 
 MAX_READ_AHEAD_BLOCKS = 128     # frames held read ahead; past it the oldest is dropped
 

@@ -27,25 +27,24 @@ disk are misses or failed puts, counted by the tier (``TierStats.errors``) or he
 (``stats.errors``), and the blocks not fetched are recomputed.
 
 A waiting request's prefix frames are read ahead on a background thread while the
-model runs (:class:`~kvmap.kv.tiers.prefix_reader.PrefixReader`, ``read_ahead``). An
+model runs (:class:`~kvmap.kv.offload.prefix_reader.PrefixReader`, ``read_ahead``). An
 admitted request's fetched frames are copied into the pool layer by layer while its
-forward pass runs (:mod:`~kvmap.kv.tiers.prefix_loads`): until :meth:`finish_loads`,
+forward pass runs (:mod:`~kvmap.kv.offload.prefix_loads`): until :meth:`finish_loads`,
 those blocks are named but not yet written, so everything here that reads a block's
 content (demotion, publishing) finishes the loads first.
 
-The store also owns the :class:`~kvmap.kv.tiers.pager.Pager`, which pages a context
-larger than the pool through the same levels (keys ``page/...``, one frame per page per
-layer) with a prefetch thread. That thread and the engine loop both use the tiers, so
-every tier call holds ``lock``; everything else is the engine loop's.
+The :class:`~kvmap.kv.offload.pager.Pager` pages a context larger than the pool through
+the same levels (keys ``page/...``, one frame per page per layer, ``page_frames``) with
+a prefetch thread. That thread and the engine loop both use the tiers, so every tier
+call holds ``lock``; everything else is the engine loop's. The engine reaches neither
+directly: both sit behind the doorway ``offloader.py``.
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
@@ -53,14 +52,13 @@ from kvmap.kv.codecs import Codec
 from kvmap.kv.tiers import serde
 from kvmap.kv.tiers.backend import TIER_BACKENDS
 from kvmap.kv.tiers.base import Key, Tier
-from kvmap.kv.tiers.cost import CostModel, matmul_flops_per_s
-from kvmap.kv.tiers.frames import BlockFrames, same_codec
+from kvmap.kv.offload.cost import CostModel, matmul_flops_per_s
+from kvmap.kv.offload.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
-from kvmap.kv.tiers.page_frames import page_layer
-from kvmap.kv.tiers.pager import Pager
+from kvmap.kv.offload.page_frames import PageFrames, page_layer
 from kvmap.kv.tiers.shared_namespace import layout_fingerprint
-from kvmap.kv.tiers.prefix_loads import PrefixLoads
-from kvmap.kv.tiers.prefix_reader import PrefixReader
+from kvmap.kv.offload.prefix_loads import PrefixLoads
+from kvmap.kv.offload.prefix_reader import PrefixReader
 
 
 @dataclass
@@ -105,7 +103,6 @@ class Level:
     tier: Tier
     codec: Codec
     frame_bytes: int
-    owned_directory: Path | None = None
 
 
 def make_tier(level: TierLevel, eviction: str) -> Tier:
@@ -116,8 +113,8 @@ def make_tier(level: TierLevel, eviction: str) -> Tier:
 
 class TieredStore:
     """Levels below one paged KV cache, top-down, per ``layout`` (a ``tiers(...)`` part).
-    Installs itself as the pool's ``on_evict`` and as ``kv.tiers`` (so that
-    ``kv.usage().tiers`` reports resident bytes per level); :meth:`close` undoes both."""
+    Installs itself as the pool's ``on_evict`` (and ``on_register`` with a shared
+    level); :meth:`close` undoes it."""
 
     def __init__(self, layout: Layout, kv: PagedKVCache, model_config: ModelConfig,
                  model_identity: str | None = None) -> None:
@@ -131,7 +128,6 @@ class TieredStore:
         self.stats = StoreStats()
         self.levels: list[Level] = []
         self.lock = threading.RLock()       # tier calls: engine loop and prefetch thread
-        self.pager: Pager | None = None
         self.model_identity = model_identity or repr(model_config)
         codec = kv.codec
         try:
@@ -147,36 +143,23 @@ class TieredStore:
             upper.tier.on_evict = (lambda key, data, i=i: self._demote_frame(i, key, data))
         self.cost = CostModel(model_config, [lv.tier.name for lv in self.levels],
                               matmul_flops_per_s(kv.compute_dtype, kv.device), layout.fetch)
-        o = layout.options
-        self.pager = Pager(self, o.get("prefetch", "none"), o.get("page_blocks", 16),
-                           o.get("prefetch_depth", 2), o.get("prefetch_pages", 0))
+        # a paged-out page is one frame per layer (the pager's; victims transcode here)
+        self.page_frames = PageFrames(kv, layout.options.get("page_blocks", 16),
+                                      [lv.codec for lv in self.levels])
         kv.pool.on_evict = self.demote
         if any(lv.tier.shared for lv in self.levels):
             kv.pool.on_register = self.publish
-        kv.tiers = self
         self.reader = PrefixReader(self)          # prefix frames read ahead
         self.loads = PrefixLoads(self)            # ... and copied in layer by layer
 
     def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
         frame_bytes = self.frames.frame_bytes(codec)
-        owned = None
         if level.backend_options.get("shared"):     # its namespace: model and KV layout
             fingerprint = layout_fingerprint(self.model_identity, self.kv.geom,
                                              self.kv.codec, codec, self.kv.compute_dtype)
             level = TierLevel(level.name, level.capacity_bytes, level.codec,
                               {**level.backend_options, "layout_fingerprint": fingerprint})
-        if level.name == "disk" and "directory" in level.backend_options:
-            # a directory of our own under the one given: DiskTier clears stale files
-            from kvmap.kv.tiers.disk import private_directory   # sweeps dead pids' dirs
-            owned = private_directory(level.backend_options["directory"])
-            level = TierLevel(level.name, level.capacity_bytes, level.codec,
-                              {"directory": owned})
-        try:
-            return Level(make_tier(level, eviction), codec, frame_bytes, owned)
-        except BaseException:
-            if owned is not None:
-                shutil.rmtree(owned, ignore_errors=True)
-            raise
+        return Level(make_tier(level, eviction), codec, frame_bytes)
 
     # ---- demotion ---------------------------------------------------------------------
     def demote(self, block_id: int, block_hash: bytes, level_name: str | None = None) -> bool:
@@ -231,7 +214,7 @@ class TieredStore:
             layer = page_layer(key)
             try:
                 if layer is not None:        # one layer of a paged-out page
-                    data = self.pager.frames.transcode(data, layer, upper.codec, lower.codec)
+                    data = self.page_frames.transcode(data, layer, upper.codec, lower.codec)
                 else:
                     frame = self.frames.decode(data, upper.codec)
                     data = self.frames.transcode(frame, upper.codec, lower.codec)
@@ -357,10 +340,7 @@ class TieredStore:
                     for lv in self.levels}
 
     def as_dict(self) -> dict:
-        out = {**self.stats.as_dict(), "cost": self.cost.as_dict()}
-        if self.pager is not None:
-            out["paging"] = self.pager.as_dict()
-        return out
+        return {**self.stats.as_dict(), "cost": self.cost.as_dict()}
 
     def check_integrity(self) -> None:
         with self.lock:
@@ -369,8 +349,6 @@ class TieredStore:
 
     def close(self) -> None:
         """Empty and release every level; the pool stops demoting. Idempotent."""
-        if self.pager is not None:
-            self.pager.close()           # stops the prefetch thread first
         if getattr(self, "loads", None) is not None:
             self.loads.close()
         if getattr(self, "reader", None) is not None:
@@ -379,13 +357,9 @@ class TieredStore:
             self.kv.pool.on_evict = None
         if self.kv.pool.on_register == self.publish:
             self.kv.pool.on_register = None
-        if self.kv.tiers is self:
-            self.kv.tiers = None
         for level in self.levels:
             level.tier.on_evict = None
             level.tier.close()
-            if level.owned_directory is not None:
-                shutil.rmtree(level.owned_directory, ignore_errors=True)
         self.levels = []
 
 

@@ -1,0 +1,1 @@
+"""Offloading: where the pool and the tiers meet (``docs/architecture.md``)."""
