@@ -101,8 +101,8 @@ def test_each_block_size_runs_at_its_size_and_records_it(tmp_path):
              arrival: closed:3, block_size: [4, 16]}
         """)
     result = run_scenario(scenario, tmp_path / "run", show_progress=False)
-    assert result.num_failed == 0, [c["error"] for c in result.cells]
-    records = {c["workload"]: c["metrics"] for c in RunStore(tmp_path / "run").cells()}
+    assert result.num_failed == 0, [c.error for c in result.cells]
+    records = {c.workload: c.metrics for c in RunStore(tmp_path / "run").cells()}
     assert set(records) == {"frag@bs4", "frag@bs16"}
     for size in (4, 16):
         m = records[f"frag@bs{size}"]

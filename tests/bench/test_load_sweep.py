@@ -78,19 +78,19 @@ def test_load_sweep_is_one_cell_per_level_with_the_contract_keys(tmp_path):
         ("bf16", "closed:1"), ("bf16", "closed:8"), ("int8", "closed:1"), ("int8", "closed:8")]
     assert len({c.cell_id for c in cells}) == 4
     result = run_scenario(scenario, tmp_path / "run", show_progress=False)
-    assert result.num_failed == 0, [c["error"] for c in result.cells]
-    records = {(c["kv"], c["load"]["label"]): c for c in RunStore(tmp_path / "run").cells()}
+    assert result.num_failed == 0, [c.error for c in result.cells]
+    records = {(c.kv, c.load["label"]): c for c in RunStore(tmp_path / "run").cells()}
     for record in records.values():
-        assert record["workload"] == "sweep" and record["load"]["kind"] == "closed"
-        m = record["metrics"]
+        assert record.workload == "sweep" and record.load["kind"] == "closed"
+        m = record.metrics
         assert all(k in m for k in CONTRACT_KEYS), sorted(set(CONTRACT_KEYS) - set(m))
         assert 0 < m["concurrency_mean"] <= m["concurrency_max"]
         assert m["kv_budget_tokens_bf16"] == 64 and m["tier_errors"] == 0
         assert len(m["output_throughput_windows_tok_s"]) == 10
-    assert records[("bf16", "closed:1")]["load"]["value"] == 1.0
-    assert records[("bf16", "closed:1")]["metrics"]["concurrency_max"] == 1
+    assert records[("bf16", "closed:1")].load["value"] == 1.0
+    assert records[("bf16", "closed:1")].metrics["concurrency_max"] == 1
     # 8 requests of 16 tokens (4 blocks) in a 16-block pool: bf16 binds, int8 holds more
-    bf16, int8 = records[("bf16", "closed:8")]["metrics"], records[("int8", "closed:8")]["metrics"]
+    bf16, int8 = records[("bf16", "closed:8")].metrics, records[("int8", "closed:8")].metrics
     assert bf16["kv_capacity_tokens"] == 64 and int8["kv_capacity_tokens"] > 64
     assert bf16["concurrency_max"] < int8["concurrency_max"]
     assert bf16["num_pool_full_steps"] > 0 and bf16["waiting_max"] > 0

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvmap.bench.record import CellRecord
 from kvmap.bench.scenario import CellSpec
 from kvmap.bench.store import RunStore
 from kvmap.registry import Registry
@@ -28,7 +29,7 @@ class CellResult:
 
     ordinal: int                  # the cell's position in the scenario
     cell: CellSpec
-    record: dict
+    record: CellRecord
     rows: list[dict]
     node: str | None = None       # the machine it ran on
     log: str | None = None        # its output, when the store's log was not written yet

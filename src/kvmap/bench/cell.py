@@ -163,6 +163,12 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
         except Exception as e:  # noqa: BLE001 -- a failed cell is a result, not a crash
             record.fail(f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
             rows = []
+    if cell.task is not None:
+        from kvmap.bench.tasks import task_kind
+        try:
+            record.task_kind = task_kind(cell.task.task, record.metrics, record.details)
+        except ValueError:      # a task that does not resolve: the cell failed on it
+            pass
     record.warnings = list(dict.fromkeys(
         f"{w.category.__name__}: {w.message}" for w in caught))[:20]
     warning = tier_error_warning(record.metrics)

@@ -41,8 +41,8 @@ def snapshot(engine) -> dict:
     out = {"num_running": len(running), "num_waiting": len(sched.waiting),
            "kv_resident_bytes_device": kv.resident_block_bytes(),
            "kv_waste_bytes": waste.waste_bytes, "kv_waste_share": waste.share}
-    store = getattr(engine, "store", None)
-    for level in (store.levels if store is not None else []):
+    offload = engine.offload
+    for level in (offload.levels if offload is not None else []):
         name, stats = level.tier.name, level.tier.stats
         out[f"kv_resident_bytes_{name}"] = level.tier.used_bytes
         out[f"tier_{name}_bytes_read"] = stats.bytes_read
@@ -144,15 +144,15 @@ def time_weighted_mean(t_s: list[float], values: list[float]) -> float | None:
     return sum(v * (b - a) for v, a, b in zip(values, t_s, t_s[1:])) / span
 
 
-def write_timeseries(run_dir: str | Path, record: dict) -> Path | None:
-    """Move ``record["metrics"]["timeseries"]`` (columns) to
+def write_timeseries(run_dir: str | Path, record) -> Path | None:
+    """Move ``record.metrics["timeseries"]`` (columns; ``record`` a ``CellRecord``) to
     ``<run_dir>/timeseries/<cell_id>.parquet``; None when the record has no series."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    columns = (record.get("metrics") or {}).pop("timeseries", None)
+    columns = record.metrics.pop("timeseries", None)
     if not columns:
         return None
-    path = Path(run_dir) / "timeseries" / f"{record['cell_id']}.parquet"
+    path = Path(run_dir) / "timeseries" / f"{record.cell_id}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     pq.write_table(pa.table(columns), tmp)

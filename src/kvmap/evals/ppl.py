@@ -120,6 +120,7 @@ class PPLTask(Task):
     """Perplexity, KL and top-1 agreement of teacher-forced decoding (module docstring)."""
 
     name = "ppl"
+    kind = "ppl"
     paired_metric = "nll"
     value_key = "nll_mean"
     takes = frozenset({"context_tokens", "text", "continuation_tokens"})

@@ -152,12 +152,12 @@ def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> Non
     err = Console(stderr=True)
     run_dir = out or default_run_dir()
 
-    def on_cell(record: dict) -> None:
-        m = record["metrics"]
+    def on_cell(record) -> None:
+        m, p = record.metrics, record.params
         ttft = (m.get("ttft_s") or {}).get("mean")
-        err.print(f"[{'green' if record['status'] == 'ok' else 'red'}]"
-                  f"{record['params']['level']}"
-                  f"{'' if record['params'].get('phase') is None else ' phase ' + str(record['params']['phase'])}"
+        err.print(f"[{'green' if record.ok else 'red'}]"
+                  f"{p['level']}"
+                  f"{'' if p.get('phase') is None else ' phase ' + str(p['phase'])}"
                   f"[/]: {m['num_completed']} ok, {m['num_failed']} failed, "
                   f"{(m.get('requests_per_s') or 0):.2f} req/s, TTFT mean "
                   f"{'-' if ttft is None else f'{ttft * 1000:.1f} ms'}")
@@ -172,14 +172,14 @@ def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> Non
         err.print(f"\ninterrupted; finished levels are in {run_dir}")
         raise typer.Exit(code=130) from None
     if as_json:
-        typer.echo(json.dumps({"run_dir": str(result.run_dir), "cells": result.cells},
-                              default=str))
+        typer.echo(json.dumps({"run_dir": str(result.run_dir),
+                               "cells": [c.to_dict() for c in result.cells]}, default=str))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=220)
         console.print(summary_table(result.cells))
         typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
                    f"{result.num_skipped} already stored)")
-    if any(c["status"] != "ok" for c in result.cells):
+    if any(not c.ok for c in result.cells):
         raise typer.Exit(code=1)
 
 

@@ -34,7 +34,7 @@ from kvmap.loadgen.server_metrics import Scrape, agreement, server_view
 @dataclass
 class SweepResult:
     run_dir: Path
-    cells: list[dict]            # every stored record, in order
+    cells: list[CellRecord]      # every stored record, in order
     num_ran: int
     num_skipped: int
 
@@ -73,7 +73,7 @@ def cell_workload(scenario: LoadgenScenario, level: Level, phase: int | None) ->
 
 def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: int | None,
             metrics: dict, details: dict, started_at: str, duration_s: float,
-            load_start: float | None) -> dict:
+            load_start: float | None) -> CellRecord:
     failed = metrics["num_completed"] == 0
     params = {"level": level.name, "rate_per_s": level.rate_per_s,
               "concurrency": level.concurrency, "burstiness": level.burstiness,
@@ -90,7 +90,7 @@ def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: i
         if failed else None,
         metrics=metrics, details=details, duration_s=duration_s,
         env={"load_avg_1m_start": load_start, "load_avg_1m_end": _load_avg(),
-             "num_cpus": os.cpu_count()}).to_dict()
+             "num_cpus": os.cpu_count()})
 
 
 async def warm_up(session, endpoint: Endpoint, request, num: int) -> None:

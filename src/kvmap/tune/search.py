@@ -95,7 +95,7 @@ class Search:
         """The report's summary of ``point``: from its screen cells (``screen``) or from
         its other cells -- what the main run, and so ``kvmap report``, holds."""
         run = self.ex.run_data
-        by_id = {c["cell_id"]: c for c in run.cells}
+        by_id = {c.cell_id: c for c in run.cells}
 
         def mine(p: Point, tasks_only: bool = False) -> list[dict]:
             return [by_id[c.cell_id] for c in self.cells.get(p, []) if c.cell_id in by_id
