@@ -11,7 +11,7 @@ import pytest
 from kvmap.bench.block_sweep import base_name, sweep_name
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 
 def _scenario(tmp_path, body: str):

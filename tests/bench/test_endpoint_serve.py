@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import load_scenario
 

@@ -10,7 +10,7 @@ import pytest
 from kvmap import LLM
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 CONTRACT_KEYS = ("concurrency_max", "concurrency_mean", "waiting_max", "waiting_mean",
                  "num_pool_full_steps", "num_preemptions_engine", "kv_capacity_bytes",

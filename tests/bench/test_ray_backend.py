@@ -24,7 +24,7 @@ from kvmap.bench.command import register
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import CellSpec, ModelEntry, TaskEntry, load_scenario
 from kvmap.config import EngineArgs as EngineSettings
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 TASKS_PY = '''
 import time

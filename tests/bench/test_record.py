@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvmap.bench.record import RECORD_SCHEMA, CellRecord
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import RECORD_SCHEMA, CellRecord
+from kvmap.runs.store import RunStore
 
 
 def task_record(**values) -> CellRecord:

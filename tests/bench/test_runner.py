@@ -15,7 +15,7 @@ from kvmap.bench import runner as runner_mod
 from kvmap.bench.command import register
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.bench.summary import cell_rows, summary_rows, summary_table
 
 TASKS_PY = '''

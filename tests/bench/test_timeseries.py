@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvmap.bench.drive import drive
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.bench.timeseries import (TimeSeriesSampler, snapshot, time_weighted_mean,
                                     write_timeseries)
 from kvmap.workloads.spec import WorkloadRequest
@@ -86,7 +86,7 @@ def test_time_weighted_mean():
 
 
 def test_write_and_read_back(tmp_path):
-    from kvmap.bench.record import CellRecord
+    from kvmap.runs.record import CellRecord
     record = CellRecord(cell_id="c1", kind="workload", model="m", dtype="fp32", kv="fp32",
                         metrics={"timeseries": {"t_s": [0.0, 0.1], "rss_bytes": [1, 2]}})
     path = write_timeseries(tmp_path, record)
@@ -99,7 +99,7 @@ def test_write_and_read_back(tmp_path):
 
 def test_report_draws_stored_series(tmp_path):
     import base64
-    from kvmap.bench.record import CellRecord
+    from kvmap.runs.record import CellRecord
     from kvmap.report.timeseries import timeseries_figures
     record = CellRecord(cell_id="c1", kind="workload", model="m", dtype="fp32", kv="fp32",
                         workload="w", metrics={"timeseries": {

@@ -15,7 +15,7 @@ from rich.console import Console
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.cellspec import DEFAULT_CELL_TIMEOUT_S
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunLock, RunStore
+from kvmap.runs.store import RunLock, RunStore
 
 TASKS_PY = '''
 import os, subprocess, sys, time
@@ -168,7 +168,7 @@ def test_tier_errors_reach_the_record_and_the_checklist(tmp_path):
 
 
 def test_input_files_name_the_task_module_and_the_trace(tmp_path):
-    from kvmap.bench.inputs import changed_files, input_files
+    from kvmap.runs.inputs import changed_files, input_files
     (tmp_path / "t.jsonl").write_text('{"arrival_s": 0.0, "prompt_tokens": 8, "max_tokens": 2}\n')
     s = scenario(tmp_path, 'tasks:\n  - {name: o, task: "tasks.py:oom_score"}\n'
                            "workloads:\n  - {name: r, kind: trace, trace: t.jsonl}\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 TASKS_PY = '''
 def probe(llm, tokens=6):

@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.loadgen.command import register
 
 app = typer.Typer()

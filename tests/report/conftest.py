@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario_parse import parse_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.evals import TASKS
 from kvmap.metrics import aggregate
 

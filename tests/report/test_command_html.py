@@ -93,8 +93,8 @@ def test_parse_percent():
 
 
 def test_a_configuration_whose_cells_all_failed(app, fake_run):
-    from kvmap.bench.record import CellRecord
-    from kvmap.bench.store import RunStore
+    from kvmap.runs.record import CellRecord
+    from kvmap.runs.store import RunStore
     store = RunStore(fake_run)
     record = CellRecord(cell_id="int4-chat", kind="workload", model="m", dtype="bf16",
                         kv="int4", workload="chat", status="failed",

@@ -78,7 +78,7 @@ def test_load_run_refuses_a_directory_that_is_not_a_run(tmp_path):
 
 
 def test_a_needle_workload_counts_as_an_accuracy_task():
-    from kvmap.bench.record import CellRecord
+    from kvmap.runs.record import CellRecord
 
     def cell(kv, accuracy):
         return CellRecord(cell_id=f"{kv}-lc", kind="workload", model="m", dtype="bf16", kv=kv,

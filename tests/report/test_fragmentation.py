@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.report.fragmentation import (HEADERS, formatted, fragmentation_rows,
                                         fragmentation_table)
 

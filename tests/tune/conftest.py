@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from kvmap.bench.backends import LocalBackend
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.kv.grammar import parse
 
 CODEC_DROP = {"bf16": 0.0, "int8": 0.4, "int4": 1.6}

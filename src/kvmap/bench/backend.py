@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.registry import Registry
 
 # on_fraction(cell, fraction done): progress of a running cell, when the backend knows it

@@ -5,7 +5,7 @@ one task -- run in its own process so that its peak memory is its own.
 
 reads a ``CellSpec`` (``kvmap.bench.cellspec``), runs it, and writes
 ``{"record": {...}, "rows": [...]}`` to RESULT.json (atomically). ``record`` is the
-``CellRecord`` (``kvmap.bench.record``; ``docs/bench.md`` lists every field), ``rows`` the
+``CellRecord`` (``kvmap.runs.record``; ``docs/bench.md`` lists every field), ``rows`` the
 per-request rows of a workload cell. A failure inside the cell is not a crash: the
 record says ``"status": "failed"`` with the error and its traceback, and the process
 exits 0. Progress goes to stdout as ``PROGRESS_PREFIX {"fraction": f}`` lines.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_spec import EndpointUnavailable
-from kvmap.bench.record import (PROGRESS_PREFIX, RECORD_SCHEMA, CellRecord, load_avg,
+from kvmap.runs.record import (PROGRESS_PREFIX, RECORD_SCHEMA, CellRecord, load_avg,
                                 machine_env, peak_rss_bytes)
 
 __all__ = ["PROGRESS_PREFIX", "RECORD_SCHEMA", "main", "run_cell"]
@@ -140,7 +140,7 @@ def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, d
 def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
              ) -> tuple[dict, list[dict]]:
     """Run one cell in this process: ``(record, rows)``; never raises for a cell error."""
-    from kvmap.bench.record import jsonable
+    from kvmap.runs.record import jsonable
     record = CellRecord.of_cell(cell)
     rows: list[dict] = []
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
-from kvmap.bench.record import PROGRESS_PREFIX, CellRecord
+from kvmap.runs.record import PROGRESS_PREFIX, CellRecord
 from kvmap.kv.redact import redact_spec
 
 OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner

@@ -21,7 +21,7 @@ from kvmap.bench.backend import CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_launch import EndpointLaunchError, Launched, launched
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 
 class EndpointBackend(CellBackend):

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 
 def run_cell_process(cell: CellSpec, store: RunStore, on_fraction=lambda f: None,

@@ -38,9 +38,9 @@ from pathlib import Path
 
 from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 INSTALL_HINT = "pip install 'kvmap[ray]'"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20   # results are JSON-sized; Ray's minimum is 75 MiB

@@ -34,9 +34,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.endpoint_backend import with_endpoints
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
-from kvmap.bench.store import RunLock, RunStore
+from kvmap.runs.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
 from kvmap.bench.timeseries import write_timeseries
 

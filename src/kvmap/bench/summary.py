@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.config import format_bytes
 
 

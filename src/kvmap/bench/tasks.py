@@ -115,7 +115,7 @@ def task_kind(task: str, metrics: dict, details: dict) -> str:
     task's own ``kind``; a ``module:function`` task's ``kind`` attribute when the
     function sets one, else what its headline metric says (``record.headline_kind``:
     ``ppl``, ``accuracy``, a natural-stopping generation, or ``other``)."""
-    from kvmap.bench.record import headline_kind
+    from kvmap.runs.record import headline_kind
     fn = resolve_task(task)
     if isinstance(fn, str):
         from kvmap.evals import TASKS

@@ -18,7 +18,7 @@ Definitions are ``vllm bench serve``'s (``docs/metrics.md``), from the client's 
   number of content chunks (``num_output_tokens_from_chunks`` counts those requests).
 - A non-streaming request has E2E and usage, no TTFT, TBT or TPOT.
 
-Rows follow ``kvmap.bench.store.REQUEST_SCHEMA`` with times relative to the run's start,
+Rows follow ``kvmap.runs.store.REQUEST_SCHEMA`` with times relative to the run's start,
 ``token_times_s`` = the content-chunk times, and ``error`` = ``"<kind>: <message>"``.
 """
 from __future__ import annotations

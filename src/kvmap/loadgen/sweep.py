@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvmap.bench.record import CellRecord
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 from kvmap.loadgen import prompts
 from kvmap.loadgen.client import Endpoint
 from kvmap.loadgen.level import measure_level

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci

@@ -22,7 +22,7 @@ its baseline's as kvmap's own are.
 """
 from __future__ import annotations
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.evals.generation import record_agreement
 from kvmap.evals.stats import wilson_interval
 from kvmap.evals.topk import topk_comparison

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.bench.block_sweep import base_name
 from kvmap.config import format_bytes
 

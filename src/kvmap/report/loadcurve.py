@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci
 from kvmap.report.slo import measure_key, request_groups, split_key

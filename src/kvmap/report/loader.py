@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvmap.bench.record import CellRecord
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta
 
 Z95 = 1.959963984540054

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.evals.stats import paired_delta
 from kvmap.report import samples as S
 from kvmap.report.endpoints import output_agreement, topk_figures

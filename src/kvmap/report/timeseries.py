@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvmap.bench.record import CellRecord
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 from kvmap.report.plots import Figure, color, encode
 
 MIB = 1024 * 1024

@@ -39,8 +39,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvmap.bench.inputs import changed_files, input_files
-from kvmap.bench.record import CellRecord
+from kvmap.runs.inputs import changed_files, input_files
+from kvmap.runs.record import CellRecord
 from kvmap.kv.redact import redact_obj, redact_spec
 
 RUN_SCHEMA = "kvmap.bench.run/1"
