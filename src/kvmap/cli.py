@@ -159,10 +159,10 @@ def _register_subcommands() -> None:
     from kvmap.loadgen.command import register as register_loadgen
     from kvmap.plan.command import register as register_plan
     from kvmap.plan.sim.command import register as register_simulate
-    from kvmap.report.command import register as register_report
+    from kvmap.report.command import bench_tradeoff_map, register as register_report
     from kvmap.server.command import register as register_serve
     from kvmap.tune.command import register as register_tune
-    register_bench(app)
+    register_bench(app, tradeoff_map=bench_tradeoff_map)
     register_eval(app)
     register_loadgen(app)
     register_plan(app)

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from kvmap.bench.block_sweep import base_name, sweep_name
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
+from kvmap.runs.names import base_name, sweep_name
 from kvmap.runs.store import RunStore
 
 

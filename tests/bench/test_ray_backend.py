@@ -21,6 +21,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import CellSpec, ModelEntry, TaskEntry, load_scenario
 from kvmap.config import EngineArgs as EngineSettings
@@ -281,7 +282,7 @@ def test_declared_resources():
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.callback()(lambda: None)
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     return app
 
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from kvmap.bench import runner as runner_mod
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
 from kvmap.runs.store import RunStore
@@ -250,7 +251,7 @@ def test_cli_json(tmp_path):
         """)
     app = typer.Typer()
     app.callback()(lambda: None)
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["bench", str(path), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output

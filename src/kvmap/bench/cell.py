@@ -26,12 +26,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from kvmap.bench.cell_process import PROGRESS_PREFIX
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_spec import EndpointUnavailable
-from kvmap.runs.record import (PROGRESS_PREFIX, RECORD_SCHEMA, CellRecord, load_avg,
-                                machine_env, peak_rss_bytes)
+from kvmap.hardware.process import load_avg, machine_env, peak_rss_bytes
+from kvmap.jsonable import jsonable
+from kvmap.runs.record import CellRecord
 
-__all__ = ["PROGRESS_PREFIX", "RECORD_SCHEMA", "main", "run_cell"]
+__all__ = ["main", "run_cell"]
 
 
 def make_llm(cell: CellSpec, kv: str | None = None):
@@ -140,7 +142,6 @@ def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, d
 def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
              ) -> tuple[dict, list[dict]]:
     """Run one cell in this process: ``(record, rows)``; never raises for a cell error."""
-    from kvmap.runs.record import jsonable
     record = CellRecord.of_cell(cell)
     rows: list[dict] = []
     t0 = time.perf_counter()

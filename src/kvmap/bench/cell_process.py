@@ -27,10 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
-from kvmap.runs.record import PROGRESS_PREFIX, CellRecord
 from kvmap.kv.redact import redact_spec
+from kvmap.runs.record import CellRecord
 
 OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner
+PROGRESS_PREFIX = "@@kvmap-progress"   # a child's progress line: PREFIX {"fraction": f}
 
 
 def failed_record(cell: CellSpec, error: str, duration_s: float) -> CellRecord:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvmap.bench.endpoint_spec import EndpointEntry
-from kvmap.bench.block_sweep import base_name
+from kvmap.runs.names import base_name
 from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_obj, redact_spec
 from kvmap.model.dummy import DUMMY_PREFIX

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes, sweep_name
+from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
                                   ScenarioError, TaskEntry, WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
@@ -22,6 +22,7 @@ from kvmap.config import EngineArgs, parse_kv_memory
 from kvmap.hardware import resolve_dtype
 from kvmap.metrics import normalize_slo, parse_slo
 from kvmap.model.wquant import QUANTIZATIONS
+from kvmap.runs.names import sweep_name
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",

@@ -16,21 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from kvmap.kv.fragmentation import internal_waste
+from kvmap.engine.stats import kv_waste
+from kvmap.hardware.process import proc_io
 
 PERIOD_S = 0.1
-
-
-def kv_waste(engine):
-    """Internal waste of the running sequences now (``kvmap.kv.fragmentation.Waste``)."""
-    kv, bs = engine.kv, engine.kv.block_size
-    # clamped: a request being preempted may have lost its blocks but not yet its count.
-    # Prompt tokens not yet computed hold the slots allocated for them: a sample taken
-    # during a prefill's forward pass must not count the chunk being written as waste.
-    held = [(n, min(r.num_kv_slots + max(0, len(r.prompt_token_ids) - r.num_computed_tokens),
-                    n * bs)) for r in list(engine.scheduler.running)
-            for n in [len(r.block_ids)]]
-    return internal_waste(held, bs, kv.bytes_per_block)
 
 
 def snapshot(engine) -> dict:
@@ -50,17 +39,6 @@ def snapshot(engine) -> dict:
         out[f"tier_{name}_read_s"] = stats.read_s
         out[f"tier_{name}_write_s"] = stats.write_s
     return out
-
-
-def proc_io() -> dict:
-    """Bytes this process read and wrote through storage (Linux); {} elsewhere."""
-    try:
-        text = Path("/proc/self/io").read_text()
-    except OSError:
-        return {}
-    fields = dict(line.split(": ") for line in text.splitlines() if ": " in line)
-    return {"disk_read_bytes": int(fields.get("read_bytes", 0)),
-            "disk_write_bytes": int(fields.get("write_bytes", 0))}
 
 
 class _Gpu:

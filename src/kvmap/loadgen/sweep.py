@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvmap.runs.record import CellRecord
-from kvmap.runs.store import RunStore
+from kvmap.hardware.process import load_avg
 from kvmap.loadgen import prompts
 from kvmap.loadgen.client import Endpoint
 from kvmap.loadgen.level import measure_level
@@ -29,6 +28,8 @@ from kvmap.loadgen.runner import LoadRun, Sent, open_session
 from kvmap.loadgen.scenario import LoadgenScenario
 from kvmap.loadgen.schedule import Level, make_plan
 from kvmap.loadgen.server_metrics import Scrape, agreement, server_view
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 
 
 @dataclass
@@ -89,7 +90,7 @@ def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: i
         error=("no request completed: " + "; ".join(metrics["first_errors"][:2]))
         if failed else None,
         metrics=metrics, details=details, duration_s=duration_s,
-        env={"load_avg_1m_start": load_start, "load_avg_1m_end": _load_avg(),
+        env={"load_avg_1m_start": load_start, "load_avg_1m_end": load_avg(),
              "num_cpus": os.cpu_count()})
 
 
@@ -100,13 +101,6 @@ async def warm_up(session, endpoint: Endpoint, request, num: int) -> None:
     for k in range(num):
         await send_request(session, endpoint,
                            replace(request, request_id=f"warmup-{k}"), RawResult("warmup"))
-
-
-def _load_avg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def _kv_label(scenario: LoadgenScenario, after: Scrape | None, models: list[dict] | None
@@ -171,7 +165,7 @@ async def run_sweep(scenario: LoadgenScenario, endpoint: Endpoint, tokenizer,
                 await warm_up(session, endpoint, requests[0], scenario.num_warmup)
                 warmed_up = True
             started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            load_start = _load_avg()
+            load_start = load_avg()
             measured = await measure_level(session, endpoint, plan, level,
                                            duration_s=scenario.duration_s,
                                            drain_timeout_s=scenario.drain_timeout_s,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvmap.runs.record import CellRecord
-from kvmap.bench.block_sweep import base_name
+from kvmap.runs.names import base_name
 from kvmap.report.configs import ConfigSummary, summarize
 from kvmap.report.recommend import Constraints, Recommendation, recommend
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmap.runs.record import CellRecord
-from kvmap.bench.block_sweep import base_name
+from kvmap.runs.names import base_name
 from kvmap.config import format_bytes
 
 REFERENCE_BLOCK_SIZE = 16

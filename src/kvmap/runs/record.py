@@ -10,19 +10,17 @@ used then (``legacy_task_kind``).
 """
 from __future__ import annotations
 
-import os
-import resource
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+
+from kvmap.jsonable import jsonable
 
 RECORD_SCHEMA_NAME = "kvmap.bench.cell"
 RECORD_VERSION = 1
 RECORD_SCHEMA = f"{RECORD_SCHEMA_NAME}/{RECORD_VERSION}"
 _REQUIRED = ("cell_id", "kind", "model", "kv")
 _ABSENT_WHEN_NONE = ("traceback", "env", "task_kind")     # as records were written before
-PROGRESS_PREFIX = "@@kvmap-progress"
 
 
 def now_iso() -> str:
@@ -144,39 +142,3 @@ def headline_kind(metrics: Mapping, per_sample=None) -> str:
 def legacy_task_kind(metrics: Mapping, details: Mapping) -> str:
     """``task_kind`` of a task record written before the field existed."""
     return headline_kind(metrics or {}, (details or {}).get("per_sample"))
-
-
-def jsonable(value):
-    """Numbers, strings, lists and dicts only (tensors and numpy scalars converted)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def load_avg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set of this process (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def machine_env(load_start: float | None) -> dict:
-    """How busy the machine was: timings from a shared, loaded machine are not comparable."""
-    torch = sys.modules.get("torch")
-    from kvmap.hardware import record_summary
-    return {"num_threads": torch.get_num_threads() if torch is not None else None,
-            "load_avg_1m_start": load_start, "load_avg_1m_end": load_avg(),
-            "num_cpus": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "hardware": record_summary()}
