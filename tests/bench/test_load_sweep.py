@@ -121,7 +121,7 @@ def test_serve_takes_a_token_budget():
     from kvmap.config import EngineArgs
     from kvmap.server.engines import make_engine_factory
     first, factory = make_engine_factory(
-        EngineArgs(model="dummy:tiny", kv_memory="256 tokens", block_size=4), "bf16")
+        EngineArgs(model="dummy:tiny", kv="bf16", kv_memory="256 tokens", block_size=4))
     int8 = factory("int8")
     assert first.kv_budget_bytes() == int8.kv_budget_bytes() == 256 * 2 * 2 * 2 * 16 * 2
     assert first.stats().capacity_tokens == 256 < int8.stats().capacity_tokens
