@@ -19,7 +19,7 @@ ENGINE = FLOOR | {"kv", "model", "engine", "kvmap"}       # the engine and what 
 
 MAY_IMPORT: dict[str, set[str]] = {
     "registry": set(), "cli_errors": set(), "jsonable": set(), "hosts": set(),
-    "hardware": set(), "metrics": set(), "request": set(), "workloads": set(),
+    "hardware": set(), "metrics": set(), "request": set(), "workloads": {"registry"},
     "config": {"hardware"},
     "cli_options": {"config", "hardware", "cli_errors"},   # EngineArgs as --options
     "kv": FLOOR,

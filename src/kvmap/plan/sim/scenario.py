@@ -39,8 +39,9 @@ import yaml
 
 from kvmap.config import parse_size
 from kvmap.kv.config import KVConfig
+from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import get_model
-from kvmap.plan.sim.config import EVICTIONS, PREFETCH_MODES, EngineSettings, SimConfig
+from kvmap.plan.sim.config import PREFETCH_MODES, EngineSettings, SimConfig
 from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, Tier, gpu_hardware
 from kvmap.plan.weights import WEIGHT_FORMATS
 from kvmap.workloads.options import WORKLOAD_KEYS, workload_spec
@@ -251,7 +252,7 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
     section("weights", weights, "bf16")
     choices = {"eviction": str(raw.get("eviction", "lru")).lower(),
                "prefetch": str(raw.get("prefetch", "none")).lower()}
-    for key, allowed in (("eviction", EVICTIONS), ("prefetch", PREFETCH_MODES)):
+    for key, allowed in (("eviction", EVICTION_ORDERS), ("prefetch", PREFETCH_MODES)):
         if choices[key] not in allowed:
             problems.append(f"{where}{key}={raw.get(key)!r} is not one of {', '.join(allowed)}")
     if len(problems) > num_before:
