@@ -79,7 +79,7 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="Run the grid again too "
                         "(default: a finished grid under --root is resumed, i.e. reused).")
     args = parser.parse_args()
-    from kvmap.report.recommend import Constraints
+    from kvmap.report.constraints import Constraints
     from kvmap.tune.setup import TuneSetup
     from kvmap.tune.space import space_from_dict
     root = Path(args.root)

@@ -76,10 +76,6 @@ class ModelConfig:
                 f"num_kv_heads={self.num_kv_heads}")
 
     @property
-    def q_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def num_params(self) -> int:
         """Parameter count (embeddings counted once when tied)."""
         h, d = self.hidden_size, self.head_dim

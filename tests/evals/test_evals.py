@@ -20,19 +20,8 @@ from kvmap.evals.stats import wilson_interval
 from kvmap.evals.ppl import (kl_divergence, log_probs, perplexity, tied_top1, token_nll,
                              top1_agreement, top1_agreement_with_ties)
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta, paired_deltas, ratio_pct
+from kvmap.model.byte_tokenizer import ByteTokenizer   # fits the tiny 256-token vocabulary
 from tests.conftest import make_tiny_llm
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids: fits the tiny model's 256-token vocabulary."""
-
-    eos_token_ids = ()
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
 
 
 def tiny_factory(built: list[str] | None = None):
@@ -46,7 +35,8 @@ def tiny_factory(built: list[str] | None = None):
 
 
 def run_tiny(task: str, specs, **options) -> dict:
-    return evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory())
+    return evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"),
+                    make_llm=tiny_factory())
 
 
 # ---- math by hand ----------------------------------------------------------------------
@@ -241,7 +231,8 @@ def test_mc_task_on_hellaswag_and_arc(tmp_path):
 def test_bad_input_fails_before_any_model_loads(task, specs, options, message):
     built: list[str] = []
     with pytest.raises(ValueError, match=message):
-        evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory(built))
+        evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"),
+                 make_llm=tiny_factory(built))
     assert built == []
 
 

@@ -6,7 +6,7 @@ import pytest
 from kvmap.report.analysis import analyze
 from kvmap.report.configs import is_good, measure_key, summarize
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 
 
 def row(ttft, times, failed=False):

@@ -6,7 +6,7 @@ from kvmap.metrics import aggregate
 from kvmap.report.analysis import analyze
 from kvmap.report.deployments import deployment_cells
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from tests.report.conftest import (SWEEP_SLO, _record, level_rows, store_run,
                                    sweep_cells)
 

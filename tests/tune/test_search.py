@@ -8,7 +8,7 @@ from rich.console import Console
 from kvmap.bench.runner import run_scenario
 from kvmap.report.analysis import analyze
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from kvmap.tune.path import read_path
 from kvmap.tune.run import run_tune
 from kvmap.tune.setup import TuneSetup, build_scenario

@@ -61,7 +61,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
                                               throughput_windows, tier_metrics)
     from kvmap.bench.timeseries import TimeSeriesSampler
     from kvmap.model.byte_tokenizer import ByteTokenizer
-    from kvmap.evals.ppl import track_peak_kv_bytes
+    from kvmap.evals.kv_peak import track_peak_kv_bytes
     from kvmap.metrics import aggregate
     from kvmap.workloads import build_requests
     t_load = time.perf_counter()
@@ -99,7 +99,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
 def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, dict]:
     """``(metrics, details)`` of an accuracy-task cell."""
     from kvmap.bench.tasks import eval_options, resolve_task
-    from kvmap.evals.ppl import track_peak_kv_bytes
+    from kvmap.evals.kv_peak import track_peak_kv_bytes
     task = cell.task
     fn = resolve_task(task.task)
     t_load = time.perf_counter()

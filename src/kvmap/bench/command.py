@@ -25,6 +25,8 @@ from typing import Optional, Protocol
 import typer
 from rich.console import Console
 
+from kvmap.cli_errors import fail
+
 
 class TradeoffMap(Protocol):
     """A stored run's trade-off map, as the report draws it."""
@@ -71,8 +73,7 @@ def bench(
     try:
         parsed = load_scenario(scenario, quick=quick)
     except ValueError as e:
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(redact_spec(str(e)))
     for note in parsed.notes:
         err.print(f"note: {escape(redact_spec(note))}")
     run_dir = out or default_run_dir(parsed)
@@ -85,8 +86,7 @@ def bench(
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address, retry_failed=retry_failed)
     except ValueError as e:
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(redact_spec(str(e)))
     except KeyboardInterrupt:
         err.print(escape(f"\ninterrupted; resume with: kvmap bench "
                   f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from kvmap.bench.backend import CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_launch import EndpointLaunchError, Launched, launched

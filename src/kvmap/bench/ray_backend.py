@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
 from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec

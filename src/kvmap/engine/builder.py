@@ -21,12 +21,15 @@ from kvmap.kv.config import KVConfig
 
 def build_engine(args: EngineArgs, *, byte_tokenizer: bool = False,
                  share_with: Engine | None = None, **scheduler_overrides: int) -> Engine:
-    """An engine for ``args`` (``auto`` settings resolved here). ``byte_tokenizer``: a
+    """An engine for ``args`` (resolved here unless the caller did: ``EngineArgs.resolved``
+    warns once about a dtype the device runs slowly). ``byte_tokenizer``: a
     model without a tokenizer (``dummy:*``) gets the ``ByteTokenizer`` (the server's, so
     that it can take text). ``share_with``: run over that engine's weights (same model,
     dtype and device) instead of loading them; ``scheduler_overrides``:
     ``max_num_seqs`` / ``max_num_batched_tokens`` of this engine alone."""
-    args = replace(args, **scheduler_overrides).resolved()
+    args = replace(args, **scheduler_overrides)
+    if args.device is None or args.dtype == "auto" or args.kv.strip() == "auto":
+        args = args.resolved()
     kv_config = KVConfig.parse(args.kv, args.dtype)
     config = args.engine_config()
     if share_with is not None:

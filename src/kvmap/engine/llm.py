@@ -39,10 +39,10 @@ class LLM:
         elif settings or model is not None:
             raise ValueError("LLM: give the settings as args=EngineArgs(...) or as keywords, "
                              "not both")
-        self.engine = build_engine(args)
+        self.args = args.resolved()      # dtype and kv "auto", device None: this machine's
+        self.engine = build_engine(self.args)
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
-        self.args = args.resolved()      # dtype and kv "auto", device None: this machine's
 
     @property
     def model_config(self):

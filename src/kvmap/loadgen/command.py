@@ -20,10 +20,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
+from kvmap.cli_errors import fail
 
 
 def _levels(rate: Optional[str], concurrency: Optional[str], steps: Optional[str],
@@ -140,7 +137,7 @@ def _prepare(o: dict) -> tuple:
         tok = prompts.load_tokenizer(o["tokenizer"])
         prompts.build(spec, tok, None)           # a workload that cannot be built: exit 2
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     return endpoint, scenario_kw, tok
 
 
@@ -165,9 +162,9 @@ def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> Non
     try:
         result = asyncio.run(_run(endpoint, model, scenario_kw, tok, run_dir, on_cell, err))
     except _Unreachable as e:
-        _fail(str(e), code=1)
+        fail(str(e), code=1)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         err.print(f"\ninterrupted; finished levels are in {run_dir}")
         raise typer.Exit(code=130) from None

@@ -97,6 +97,9 @@ class AttentionMetadata:
     decode_rows: HeadRows | None = None
     # per-layer block tables (kvmap.engine.layer_tables): layer -> its own metadata
     layers: list | None = None
+    # decode reads codes with their scales folded in (quant_attention); False: always
+    # dequantize through codec.read (A/B tests, benchmarks: ModelRunner.fused_reads)
+    fused_reads: bool = True
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -185,7 +188,8 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     if meta.decode_rows is None:
         block_size = next(iter(store.blocks.values())).shape[1]
         meta.decode_rows = HeadRows.of(meta.decode_block_ids, block_size, num_kv_heads)
-    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads, meta.decode_rows)
+    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads, meta.decode_rows,
+                   meta.fused_reads)
     qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
         num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
     scores = kv.scores(qd).view(num_kv_heads, B, group, -1)

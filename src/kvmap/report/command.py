@@ -25,10 +25,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
+from kvmap.cli_errors import fail
 
 
 def parse_percent(text: str) -> float:
@@ -51,7 +48,8 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
     from kvmap.config import parse_size
     from kvmap.report.analysis import DEFAULT_MAX_ACCURACY_DROP_PCT, analyze
     from kvmap.report.loader import load_run
-    from kvmap.report.recommend import Constraints, check_objective
+    from kvmap.report.constraints import Constraints
+    from kvmap.report.recommend import check_objective
     try:
         check_objective(objective)
         run = load_run(run_dir)
@@ -64,7 +62,7 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
             raise ValueError(f"--kv-budget={kv_budget!r} must be more than 0 bytes")
         return analyze(run, constraints, objective, per_workload_slo=slo is None)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from kvmap.runs.record import CellRecord
 from kvmap.runs.names import base_name
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import Recommendation, recommend
 
 
 @dataclass

@@ -16,7 +16,7 @@ from kvmap.report.analysis import Analysis
 from kvmap.report.fragmentation import HEADERS as FRAGMENTATION_HEADERS
 from kvmap.report.fragmentation import formatted, fragmentation_rows
 from kvmap.report.intervals import METHOD
-from kvmap.report.recommend import fmt, slo_text
+from kvmap.report.constraints import fmt, slo_text
 from kvmap.report.table import metric_rows, slug
 from kvmap.report.timeseries import timeseries_figures
 

@@ -28,6 +28,7 @@ def make_engine_factory(config: EngineArgs):
     def factory(spec: str, **scheduler_overrides: int) -> Engine:
         """A new engine for ``spec``; ``scheduler_overrides``: an adaptive level's own
         ``max_num_seqs`` / ``max_num_batched_tokens``."""
+        spec = config.dtype if spec.strip() == "auto" else spec
         return build_engine(replace(config, kv=spec), share_with=first,
                             **scheduler_overrides)
 

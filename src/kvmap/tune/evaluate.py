@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.recommend import Constraints, check, higher_is_better, objective_value
+from kvmap.report.constraints import Constraints, check
+from kvmap.report.recommend import higher_is_better, objective_value
 
 @dataclass(frozen=True)
 class Point:

@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmap.config import format_bytes
-from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import Recommendation, recommend
 from kvmap.tune.evaluate import Point, Verdict, better, renamed, summary_of, verdict
 from kvmap.tune.executor import BudgetExhausted, Executor
 from kvmap.tune.path import Step

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kvmap.kv.config import KVConfig
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import PlanModel
-from kvmap.plan.sim.hardware import Hardware, Tier
+from kvmap.plan.sim.hardware import Hardware, TierHardware
 from kvmap.workloads.spec import WorkloadSpec
 
 PREFETCH_MODES = ("none", "queue")
@@ -69,7 +69,7 @@ class SimConfig:
     hardware: Hardware
     kv: KVConfig
     workload: WorkloadSpec | None
-    tiers: tuple[Tier, ...] = ()
+    tiers: tuple[TierHardware, ...] = ()
     weights: str = "bf16"
     eviction: str = "lru"
     prefetch: str = "none"
