@@ -40,7 +40,6 @@ from common import environment, write_record  # noqa: E402
 from engine_vs_hf import load_hf, prompts_of  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
-from kvmap.model import quant_attention  # noqa: E402
 
 CODECS = ["bf16", "int8", "fp8", "int4", "kivi(bits=4)", "kivi(bits=2)", "int2"]
 BITS = {"bf16": 16, "int8": 8, "fp8": 8, "int4": 4, "kivi(bits=4)": 4, "kivi(bits=2)": 2,
@@ -64,14 +63,14 @@ class Decoding:
         self.prefill_s = time.perf_counter() - t0
 
     def window(self, steps: int, fused: bool = True) -> float:
-        quant_attention.FUSED = fused
+        self.engine.runner.fused_reads = fused
         try:
             t0 = time.perf_counter()
             for _ in range(steps):
                 self.engine.step()
             return self.batch * steps / (time.perf_counter() - t0)
         finally:
-            quant_attention.FUSED = True
+            self.engine.runner.fused_reads = True
 
     def close(self) -> None:
         for r in self.reqs:
@@ -222,10 +221,9 @@ def quality(args) -> None:
         name = "fp32 model+cache" if dtype == "fp32" else name
         llm = LLM(dtype=dtype, kv=spec, max_num_batched_tokens=512)
         samples = build_samples(llm.tokenizer, args.samples, args.context, 128, seed=0)
-        quant_attention.FUSED = fused
+        llm.engine.runner.fused_reads = fused
         logp = torch.cat([log_probs(llm.engine.score(ids, num_context_tokens=args.context))
                           for ids in samples])
-        quant_attention.FUSED = True
         targets = [t for ids in samples for t in ids[args.context:]]
         runs[name] = (logp, token_nll(logp, targets))
         del llm

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_record  # noqa: E402
 
-from kvmap.bench.store import RunStore  # noqa: E402
+from kvmap.runs.store import RunStore  # noqa: E402
 
 WORKLOAD_KEYS = ("output_tokens_per_s", "num_completed", "num_failed", "num_output_tokens",
                  "peak_kv_resident_bytes", "kv_capacity_bytes", "kv_memory_source",

@@ -1,5 +1,5 @@
 """Can the loadgen client be trusted? ``kvmap loadgen``'s asyncio client against a plain
-stdlib client (threads + ``http.client``, ``kvmap.loadgen.reference``) on one server.
+stdlib client (threads + ``http.client``, ``benchmarks/stdlib_client.py``) on one server.
 
     python benchmarks/loadgen_vs_stdlib.py [--server kvmap|paced] [--rounds 8]
                                            [--model dummy:tiny]
@@ -47,7 +47,7 @@ from serve_load import Server  # noqa: E402
 
 from kvmap.loadgen import prompts  # noqa: E402
 from kvmap.loadgen.client import Endpoint  # noqa: E402
-from kvmap.loadgen.reference import connect, run_reference, send_one  # noqa: E402
+from stdlib_client import connect, run_reference, send_one  # noqa: E402
 from kvmap.loadgen.results import load_metrics  # noqa: E402
 from kvmap.loadgen.runner import LoadRun, open_session, run_plan  # noqa: E402
 from kvmap.loadgen.schedule import Level, make_plan  # noqa: E402

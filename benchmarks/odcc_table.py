@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_record  # noqa: E402
 
-from kvmap.bench.store import RunStore  # noqa: E402
+from kvmap.runs.store import RunStore  # noqa: E402
 
 
 COMBO = "snapkv(budget=0.2,evict_to=host)+int8+tiers(host=256MiB)"   # selection+int8+offload

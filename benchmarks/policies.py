@@ -35,7 +35,7 @@ from common import write_record  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.evals.passkey import make_cases, run_passkey  # noqa: E402
-from kvmap.evals.ppl import track_peak_kv_bytes  # noqa: E402
+from kvmap.evals.kv_peak import track_peak_kv_bytes  # noqa: E402
 from kvmap.workloads.corpus import encode_text, take_tokens  # noqa: E402
 
 POLICIES = ["bf16", "streaming_llm(sinks=4,budget=0.25)", "snapkv(budget=0.25)",

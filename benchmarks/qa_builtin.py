@@ -33,6 +33,7 @@ def by_context(per_sample: list[dict]) -> dict[str, float]:
 
 
 def main() -> None:
+    from kvmap.config import EngineArgs
     from kvmap.evals import EvalOptions, evaluate
     ap = argparse.ArgumentParser()
     ap.add_argument("--kv", action="append", default=None)
@@ -43,7 +44,7 @@ def main() -> None:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     result = evaluate("qa", specs, EvalOptions(num_samples=args.samples),
-                      num_threads=args.threads, log=print)
+                      engine=EngineArgs(num_threads=args.threads), log=print)
     rows = {}
     for row in result["results"]:
         m = row["metrics"]

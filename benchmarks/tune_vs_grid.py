@@ -56,7 +56,7 @@ def _tune(setup, space, constraints, objective: str, root: Path, console) -> dic
     t0 = time.perf_counter()
     result = run_tune(setup, space, constraints, objective, root / f"tune-{objective}",
                       max_cells=40, max_minutes=20, console=console)
-    from kvmap.bench.store import RunStore
+    from kvmap.runs.store import RunStore
     cells = RunStore(root / f"tune-{objective}").cells()
     return {"answer": result.recommendation.choice,
             "cells_s": sum(c.get("duration_s") or 0 for c in cells), "num_cells": result.num_cells,
@@ -79,7 +79,7 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="Run the grid again too "
                         "(default: a finished grid under --root is resumed, i.e. reused).")
     args = parser.parse_args()
-    from kvmap.report.recommend import Constraints
+    from kvmap.report.constraints import Constraints
     from kvmap.tune.setup import TuneSetup
     from kvmap.tune.space import space_from_dict
     root = Path(args.root)

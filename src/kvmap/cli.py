@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 
 from kvmap.cli_errors import fail
+from kvmap.cli_options import engine_options
+from kvmap.config import EngineArgs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Full-scenario KV-cache evaluation and optimization for LLM inference.")
@@ -24,31 +26,24 @@ def _root() -> None:
 
 
 @app.command()
+@engine_options("model", "dtype", "kv", "kv_memory", "quantization")
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
-    model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
-                                                    "default: embedded SmolLM2-135M."),
-    dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (auto: the fastest "
-                                           "exact dtype here, `kvmap hw`)"),
-    kv: str = typer.Option("auto", help="KV spec, e.g. 'int8(granularity=token)' (auto: "
-                                        "the compute dtype's own cache)"),
-    kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
-    quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
     max_tokens: int = typer.Option(64, help="Maximum new tokens"),
     temperature: float = typer.Option(0.0),
     top_p: float = typer.Option(1.0),
     top_k: int = typer.Option(0),
     seed: Optional[int] = typer.Option(None),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    engine: EngineArgs | None = None,            # made by @engine_options
 ):
     """Generate a completion with the engine."""
     from kvmap import LLM, SamplingParams
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed)
-        llm = LLM(model=model, dtype=dtype, kv=kv, kv_memory=kv_memory,
-                  quantization=quantization)
+        llm = LLM(args=engine)
         out = (llm.chat([{"role": "user", "content": prompt}], params) if chat
                else llm.generate([prompt], params))[0]
     except (ValueError, FileNotFoundError) as e:
@@ -159,10 +154,10 @@ def _register_subcommands() -> None:
     from kvmap.loadgen.command import register as register_loadgen
     from kvmap.plan.command import register as register_plan
     from kvmap.plan.sim.command import register as register_simulate
-    from kvmap.report.command import register as register_report
+    from kvmap.report.command import bench_tradeoff_map, register as register_report
     from kvmap.server.command import register as register_serve
     from kvmap.tune.command import register as register_tune
-    register_bench(app)
+    register_bench(app, tradeoff_map=bench_tradeoff_map)
     register_eval(app)
     register_loadgen(app)
     register_plan(app)

@@ -117,10 +117,6 @@ class ModelConfig:
         return tuple(self.layer_window(i) for i in range(self.num_layers))
 
     @property
-    def q_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def num_params(self) -> int:
         """Parameter count (embeddings counted once when tied)."""
         h, d = self.hidden_size, self.head_dim
@@ -134,6 +130,7 @@ class ModelConfig:
 
 
 _TOKENS = re.compile(r"\s*([0-9]+)\s*tokens?\s*", re.IGNORECASE)
+DEFAULT_KV_MEMORY = "256MiB"          # the KV pool budget when none is given
 
 
 def parse_kv_memory(value: str | int | float) -> tuple[int | None, int | None]:
@@ -166,7 +163,7 @@ class CacheConfig:
     (``kv_memory_tokens``, turned into bytes by the engine) or an explicit block count."""
 
     block_size: int = 16
-    kv_memory_bytes: int | None = 256 * 2**20
+    kv_memory_bytes: int | None = parse_size(DEFAULT_KV_MEMORY)
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_memory_tokens: int | None = None
@@ -219,11 +216,18 @@ class EngineConfig:
         check_dtype(self.dtype, allow_auto=False)
 
 
+def _setting(default, help: str):
+    """An ``EngineArgs`` field: its default and its command-line help."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EngineArgs:
-    """Every engine setting a user gives, in one place (as vLLM's ``EngineArgs``):
-    ``LLM(**kwargs)``, the bench's scenario ``engine:`` section and ``kvmap serve`` all
-    build one, and ``engine_config()`` turns it into the ``EngineConfig`` the engine runs.
+    """Every engine setting a user gives, declared here once (as vLLM's ``EngineArgs``):
+    ``LLM(**kwargs)``, the bench's scenario ``engine:`` section, ``kvmap generate``,
+    ``eval`` and ``serve`` (their options come from these fields' defaults and help:
+    ``kvmap.cli_options``) all build one; ``kvmap.engine.build.build_engine`` builds the
+    engine from it, through ``engine_config()``.
 
     ``kv_memory``: a byte size (``"256MiB"``) or a budget in the model's bf16 tokens
     (``"3072 tokens"``); ``num_blocks`` overrides it (tests). ``device=None``: CUDA when
@@ -231,19 +235,24 @@ class EngineArgs:
     the fastest exact compute dtype of the device (``kvmap.hardware``); ``kv="auto"``: the
     compute dtype's own cache. :meth:`resolved` makes all three concrete."""
 
-    model: str | None = None
-    dtype: str = "auto"
-    kv: str = "auto"
-    kv_memory: str | int = "256MiB"
-    num_blocks: int | None = None
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    enable_prefix_caching: bool = True
-    num_threads: int | None = None
-    device: str | None = None
-    seed: int = 0
-    quantization: str | None = None     # weights: None | int8 | w8a8 | int4 (model/wquant.py)
+    model: str | None = _setting(None, "GGUF path, HF dir, dummy:<shape>; default: "
+                                       "embedded SmolLM2-135M.")
+    dtype: str = _setting("auto", "auto | fp32 | bf16 | fp16 (auto: the fastest exact "
+                                  "dtype here, `kvmap hw`)")
+    kv: str = _setting("auto", "KV spec, e.g. 'int8(granularity=token)' (auto: the "
+                               "compute dtype's own cache)")
+    kv_memory: str | int = _setting(DEFAULT_KV_MEMORY, "KV pool budget: bytes (256MiB) or "
+                                                       "the model's bf16 tokens ('3072 tokens')")
+    num_blocks: int | None = _setting(None, "KV pool blocks (overrides kv_memory)")
+    block_size: int = _setting(16, "Token slots per KV block")
+    max_num_seqs: int = _setting(64, "Running sequences at once")
+    max_num_batched_tokens: int = _setting(512, "Token budget of one step")
+    enable_prefix_caching: bool = _setting(True, "Reuse cached prefix blocks")
+    num_threads: int | None = _setting(None, "Torch CPU threads (default: torch's)")
+    device: str | None = _setting(None, "cpu | cuda (default: cuda when available)")
+    seed: int = _setting(0, "Sampling seed")
+    quantization: str | None = _setting(None, "Weights: int8 | w8a8 | int4 "
+                                              "(kvmap.model.wquant)")
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)

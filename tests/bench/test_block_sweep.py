@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from kvmap.bench.block_sweep import base_name, sweep_name
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.names import base_name, sweep_name
+from kvmap.runs.store import RunStore
 
 
 def _scenario(tmp_path, body: str):
@@ -101,8 +101,8 @@ def test_each_block_size_runs_at_its_size_and_records_it(tmp_path):
              arrival: closed:3, block_size: [4, 16]}
         """)
     result = run_scenario(scenario, tmp_path / "run", show_progress=False)
-    assert result.num_failed == 0, [c["error"] for c in result.cells]
-    records = {c["workload"]: c["metrics"] for c in RunStore(tmp_path / "run").cells()}
+    assert result.num_failed == 0, [c.error for c in result.cells]
+    records = {c.workload: c.metrics for c in RunStore(tmp_path / "run").cells()}
     assert set(records) == {"frag@bs4", "frag@bs16"}
     for size in (4, 16):
         m = records[f"frag@bs{size}"]

@@ -26,16 +26,16 @@ def ci_run(tmp_path_factory):
 
 
 def task_cells(result, task: str) -> dict[str, dict]:
-    return {c["kv"]: c for c in result.cells if c["task"] == task}
+    return {c.kv: c for c in result.cells if c.task == task}
 
 
 def test_every_cell_ran(ci_run):
     _, result = ci_run
-    assert sorted((c["kv"], c["workload"] or c["task"], c["status"]) for c in result.cells) == [
+    assert sorted((c.kv, c.workload or c.task, c.status) for c in result.cells) == [
         ("bf16", "chat_generation", "ok"), ("bf16", "prompt_ppl", "ok"),
         ("bf16", "throughput", "ok"), ("int8", "prompt_ppl", "ok"),
         ("kvmap-serve", "chat_generation", "ok"), ("kvmap-serve", "prompt_ppl", "ok"),
-        ("kvmap-serve", "throughput", "ok")], [c.get("error") for c in result.cells]
+        ("kvmap-serve", "throughput", "ok")], [c.error for c in result.cells]
 
 
 def test_prompt_perplexity_of_the_endpoint_equals_the_in_process_figure(ci_run):
@@ -43,10 +43,10 @@ def test_prompt_perplexity_of_the_endpoint_equals_the_in_process_figure(ci_run):
     cells = task_cells(result, "prompt_ppl")
     own, served = cells["bf16"], cells["kvmap-serve"]
     for c in (own, served):
-        assert c["metrics"]["ppl_definition"] == "prompt_logprobs"
-        assert c["metrics"]["num_tokens_scored"] == 2 * 255
-    assert math.isclose(served["metrics"]["ppl"], own["metrics"]["ppl"], rel_tol=1e-3)
-    pairs = zip(own["details"]["per_sample"], served["details"]["per_sample"])
+        assert c.metrics["ppl_definition"] == "prompt_logprobs"
+        assert c.metrics["num_tokens_scored"] == 2 * 255
+    assert math.isclose(served.metrics["ppl"], own.metrics["ppl"], rel_tol=1e-3)
+    pairs = zip(own.details["per_sample"], served.details["per_sample"])
     for a, b in pairs:
         assert a["sample_id"] == b["sample_id"]
         assert math.isclose(a["nll_mean"], b["nll_mean"], rel_tol=1e-3)
@@ -80,8 +80,8 @@ def test_the_report_draws_the_endpoint_beside_kvmaps_own_configuration(ci_run):
 def test_the_endpoints_top_k_is_the_in_process_one(ci_run):
     _, result = ci_run
     cells = task_cells(result, "prompt_ppl")
-    for a, b in zip(cells["bf16"]["details"]["per_sample"],
-                    cells["kvmap-serve"]["details"]["per_sample"]):
+    for a, b in zip(cells["bf16"].details["per_sample"],
+                    cells["kvmap-serve"].details["per_sample"]):
         assert len(a["top_logprobs"]) == len(b["top_logprobs"]) == 255
         for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
             assert list(x) == list(y) and len(x) == 5
@@ -91,8 +91,8 @@ def test_the_endpoints_top_k_is_the_in_process_one(ci_run):
 def test_chat_generation_over_http_stops_where_the_in_process_answers_stop(ci_run):
     _, result = ci_run
     cells = task_cells(result, "chat_generation")
-    own, served = cells["bf16"]["details"]["per_sample"], \
-        cells["kvmap-serve"]["details"]["per_sample"]
+    own, served = cells["bf16"].details["per_sample"], \
+        cells["kvmap-serve"].details["per_sample"]
     assert [r["sample_id"] for r in own] == [r["sample_id"] for r in served]
     for a, b in zip(own, served):
         assert (b["num_output_tokens"], b["finish_reason"], b["output"]) == \

@@ -62,13 +62,13 @@ def faulty_run(tmp_path_factory):
 
 
 def by_kv(result) -> dict[str, dict]:
-    return {c["kv"]: c for c in result.cells}
+    return {c.kv: c for c in result.cells}
 
 
 def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
     _, _, result = faulty_run
     cells = by_kv(result)
-    assert cells["fp32"]["status"] == "ok"                    # the rest of the run goes on
+    assert cells["fp32"].status == "ok"                    # the rest of the run goes on
     expected = {
         "down": ("failed", "is unreachable at"),
         "unhealthy": ("failed", "did not become healthy"),
@@ -82,10 +82,10 @@ def test_each_fault_is_a_cell_that_names_the_endpoint_and_the_cause(faulty_run):
     }
     for name, (status, cause) in expected.items():
         cell = cells[name]
-        assert cell["status"] == status, (name, cell["error"])
-        assert f"endpoint {name!r}" in cell["error"] and cause in cell["error"], \
-            (name, cell["error"])
-    assert "exiting on purpose" in cells["exits"]["error"]     # the server's last words
+        assert cell.status == status, (name, cell.error)
+        assert f"endpoint {name!r}" in cell.error and cause in cell.error, \
+            (name, cell.error)
+    assert "exiting on purpose" in cells["exits"].error     # the server's last words
     assert result.num_failed == 7                       # an unavailable task is no failure
 
 
@@ -99,7 +99,7 @@ def test_a_failed_endpoint_run_resumes_like_any_run(faulty_run):
     s, run_dir, first = faulty_run
     again = run_scenario(s, run_dir, show_progress=False)
     assert again.num_ran == 0 and again.num_skipped == len(s.cells())
-    assert [c["status"] for c in again.cells] == [c["status"] for c in first.cells]
+    assert [c.status for c in again.cells] == [c.status for c in first.cells]
 
 
 def test_launched_servers_are_stopped(faulty_run):

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from kvmap.runs.record import CellRecord
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import load_scenario
 
@@ -44,16 +45,16 @@ def served_run(tmp_path_factory):
 
 def test_the_launched_server_answers_workloads_with_the_in_process_keys(served_run):
     _, result = served_run
-    cells = [c for c in result.cells if c["kv"] == "served"]
-    assert [c["status"] for c in cells] == ["ok"] * 5, [c.get("error") for c in cells]
-    loads = [c["load"]["label"] for c in cells if c["workload"]]
+    cells = [c for c in result.cells if c.kv == "served"]
+    assert [c.status for c in cells] == ["ok"] * 5, [c.error for c in cells]
+    loads = [c.load["label"] for c in cells if c.workload]
     assert loads == ["closed:1", "closed:2"]
-    own = next(c for c in result.cells if c["kv"] == "fp32")
+    own = next(c for c in result.cells if c.kv == "fp32")
     for c in cells[:2]:
-        m = c["metrics"]
+        m = c.metrics
         assert m["num_completed"] == 4 and m["kv_capacity_bytes"] == 1 << 20
         for key in ("ttft_s", "tbt_s", "tpot_s", "e2e_s", "duration_s"):
-            assert key in m and key in own["metrics"], key
+            assert key in m and key in own.metrics, key
         assert m["endpoint"]["label"] == "served (kvmap serve fp32)"
         # a sampled gauge: a cell between two scrapes has no reading, and says so
         if m["peak_kv_resident_bytes"] is None:
@@ -70,13 +71,13 @@ def test_prompt_perplexity_equals_the_in_process_figure(served_run):
     from kvmap.evals import EvalOptions, get_task
     from kvmap.loadgen.prompts import load_tokenizer
     _, result = served_run
-    served = next(c for c in result.cells if c["task"] == "prompt_ppl" and c["kv"] == "served")
-    assert served["metrics"]["ppl_definition"] == "prompt_logprobs"
+    served = next(c for c in result.cells if c.task == "prompt_ppl" and c.kv == "served")
+    assert served.metrics["ppl_definition"] == "prompt_logprobs"
     llm = LLM(model="dummy:tiny", dtype="fp32", kv="fp32", kv_memory="1MiB", device="cpu")
     task = get_task("prompt_ppl", EvalOptions(context_tokens=(48,), num_samples=2))
     mine = task.run(llm, task.prepare(load_tokenizer("bytes"))).metrics["ppl"]
-    assert math.isclose(served["metrics"]["ppl"], mine, rel_tol=1e-3)
-    ids = [r["sample_id"] for r in served["details"]["per_sample"]]
+    assert math.isclose(served.metrics["ppl"], mine, rel_tol=1e-3)
+    ids = [r["sample_id"] for r in served.details["per_sample"]]
     assert ids == ["prompt_ppl/48/0", "prompt_ppl/48/1"]
 
 
@@ -84,11 +85,11 @@ def test_retrieval_tasks_run_by_completions(served_run):
     """Random weights answer nothing right; what is checked is that the grid ran over
     HTTP: one sample, its prompt as long as asked, an answer judged."""
     _, result = served_run
-    cell = next(c for c in result.cells if c["task"] == "passkey" and c["kv"] == "served")
-    (sample,) = cell["details"]["per_sample"]
+    cell = next(c for c in result.cells if c.task == "passkey" and c.kv == "served")
+    (sample,) = cell.details["per_sample"]
     assert isinstance(sample["correct"], bool) and isinstance(sample["output"], str)
     assert 300 < sample["num_prompt_tokens"] <= 384 + 8
-    assert cell["metrics"]["num_samples"] == 1 and cell["metrics"]["grid"]
+    assert cell.metrics["num_samples"] == 1 and cell.metrics["grid"]
 
 
 def test_the_report_draws_the_endpoint_beside_the_configurations(served_run):
@@ -103,7 +104,7 @@ def test_the_report_draws_the_endpoint_beside_the_configurations(served_run):
     assert served.peak_kv_bytes is not None or served.memory_note
     assert served.curves["throughput"] and by_name["fp32"].curves["throughput"]
     assert served.tasks["prompt_ppl"].value == pytest.approx(
-        next(c for c in analysis.run.cells if c["task"] == "prompt_ppl")["metrics"]["ppl"])
+        next(c for c in analysis.run.cells if c.task == "prompt_ppl").metrics["ppl"])
     html = write_report(analysis).read_text()
     assert "served (kvmap serve fp32)" in html
 
@@ -132,7 +133,7 @@ def in_process():
 
 
 def _served(result, task: str) -> dict:
-    return next(c for c in result.cells if c["task"] == task and c["kv"] == "served")
+    return next(c for c in result.cells if c.task == task and c.kv == "served")
 
 
 def test_the_endpoints_top_k_equals_the_in_process_one(served_run, in_process):
@@ -146,22 +147,23 @@ def test_the_endpoints_top_k_equals_the_in_process_one(served_run, in_process):
     _, result = served_run
     served = _served(result, "prompt_ppl")
     own, int8 = in_process["fp32"]["prompt_ppl"], in_process["int8"]["prompt_ppl"]
-    for m in (own.metrics, served["metrics"]):
+    for m in (own.metrics, served.metrics):
         assert m["kl_definition"] == KL_DEFINITION and m["num_top_logprobs"] == 5
-    for a, b in zip(own.per_sample, served["details"]["per_sample"]):
+    for a, b in zip(own.per_sample, served.details["per_sample"]):
         # bytes >= 128 all decode to "\ufffd": the most likely of them stands for them
         assert len(a["top_logprobs"]) == 47 and all(1 <= len(t) <= 5 for t in a["top_logprobs"])
         for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
             assert list(x) == list(y)
             assert list(x.values()) == pytest.approx(list(y.values()), abs=1e-5)
-    same = topk_comparison(served["details"]["per_sample"], own.per_sample)
+    same = topk_comparison(served.details["per_sample"], own.per_sample)
     assert same["kl_topk"] < 1e-6 and same["top1_topk"] == 1.0 and same["num_samples"] == 2
     other = topk_comparison(int8.per_sample, own.per_sample)
     assert other["kl_topk"] > 0
     lo, hi = other["kl_topk_ci95"]
     assert lo <= other["kl_topk"] <= hi
-    base = {"task": "prompt_ppl", "status": "ok", "metrics": own.metrics,
-            "details": {"per_sample": own.per_sample}}
+    base = CellRecord(cell_id="own", kind="task", model="m", dtype="fp32", kv="fp32",
+                      task="prompt_ppl", task_kind="ppl", metrics=own.metrics,
+                      details={"per_sample": own.per_sample})
     figures = task_result(served, base).topk
     assert figures["kl_topk"] == same["kl_topk"] and figures["top1_topk"] == 1.0
     assert "over the returned top-5" in task_cell(task_result(served, base), False)
@@ -176,12 +178,13 @@ def test_generation_runs_over_http_and_agrees_with_the_in_process_outputs(served
     _, result = served_run
     served = _served(result, "generation")
     own = in_process["fp32"]["generation"]
-    mine = served["details"]["per_sample"]
+    mine = served.details["per_sample"]
     assert [r["num_output_tokens"] for r in mine] == [6, 6]
     assert all(r["e2e_s"] > 0 for r in mine)
     assert [r["output_ids"] for r in mine] == [r["output_ids"] for r in own.per_sample]
     figures = record_agreement(mine, own.per_sample)
     assert figures["exact_match"] == 1.0 and figures["first_divergence"] == [6, 6]
-    base = {"task": "generation", "status": "ok", "metrics": own.metrics,
-            "details": {"per_sample": own.per_sample}}
+    base = CellRecord(cell_id="own", kind="task", model="m", dtype="fp32", kv="fp32",
+                      task="generation", task_kind="other", metrics=own.metrics,
+                      details={"per_sample": own.per_sample})
     assert task_result(served, base).agreement["exact_match"] == 1.0

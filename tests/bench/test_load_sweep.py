@@ -10,7 +10,7 @@ import pytest
 from kvmap import LLM
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 CONTRACT_KEYS = ("concurrency_max", "concurrency_mean", "waiting_max", "waiting_mean",
                  "num_pool_full_steps", "num_preemptions_engine", "kv_capacity_bytes",
@@ -78,19 +78,19 @@ def test_load_sweep_is_one_cell_per_level_with_the_contract_keys(tmp_path):
         ("bf16", "closed:1"), ("bf16", "closed:8"), ("int8", "closed:1"), ("int8", "closed:8")]
     assert len({c.cell_id for c in cells}) == 4
     result = run_scenario(scenario, tmp_path / "run", show_progress=False)
-    assert result.num_failed == 0, [c["error"] for c in result.cells]
-    records = {(c["kv"], c["load"]["label"]): c for c in RunStore(tmp_path / "run").cells()}
+    assert result.num_failed == 0, [c.error for c in result.cells]
+    records = {(c.kv, c.load["label"]): c for c in RunStore(tmp_path / "run").cells()}
     for record in records.values():
-        assert record["workload"] == "sweep" and record["load"]["kind"] == "closed"
-        m = record["metrics"]
+        assert record.workload == "sweep" and record.load["kind"] == "closed"
+        m = record.metrics
         assert all(k in m for k in CONTRACT_KEYS), sorted(set(CONTRACT_KEYS) - set(m))
         assert 0 < m["concurrency_mean"] <= m["concurrency_max"]
         assert m["kv_budget_tokens_bf16"] == 64 and m["tier_errors"] == 0
         assert len(m["output_throughput_windows_tok_s"]) == 10
-    assert records[("bf16", "closed:1")]["load"]["value"] == 1.0
-    assert records[("bf16", "closed:1")]["metrics"]["concurrency_max"] == 1
+    assert records[("bf16", "closed:1")].load["value"] == 1.0
+    assert records[("bf16", "closed:1")].metrics["concurrency_max"] == 1
     # 8 requests of 16 tokens (4 blocks) in a 16-block pool: bf16 binds, int8 holds more
-    bf16, int8 = records[("bf16", "closed:8")]["metrics"], records[("int8", "closed:8")]["metrics"]
+    bf16, int8 = records[("bf16", "closed:8")].metrics, records[("int8", "closed:8")].metrics
     assert bf16["kv_capacity_tokens"] == 64 and int8["kv_capacity_tokens"] > 64
     assert bf16["concurrency_max"] < int8["concurrency_max"]
     assert bf16["num_pool_full_steps"] > 0 and bf16["waiting_max"] > 0
@@ -121,7 +121,7 @@ def test_serve_takes_a_token_budget():
     from kvmap.config import EngineArgs
     from kvmap.server.engines import make_engine_factory
     first, factory = make_engine_factory(
-        EngineArgs(model="dummy:tiny", kv_memory="256 tokens", block_size=4), "bf16")
+        EngineArgs(model="dummy:tiny", kv="bf16", kv_memory="256 tokens", block_size=4))
     int8 = factory("int8")
     assert first.kv_budget_bytes() == int8.kv_budget_bytes() == 256 * 2 * 2 * 2 * 16 * 2
     assert first.stats().capacity_tokens == 256 < int8.stats().capacity_tokens

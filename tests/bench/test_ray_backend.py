@@ -21,10 +21,11 @@ import typer
 from typer.testing import CliRunner
 
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import CellSpec, ModelEntry, TaskEntry, load_scenario
 from kvmap.config import EngineArgs as EngineSettings
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 TASKS_PY = '''
 import time
@@ -91,11 +92,11 @@ def comparable(store: RunStore) -> dict:
     rows = store.requests().to_pylist()
     out = {}
     for cell in store.cells():
-        metrics = {k: v for k, v in cell["metrics"].items() if k in DETERMINISTIC}
+        metrics = {k: v for k, v in cell.metrics.items() if k in DETERMINISTIC}
         requests = sorted((r["request_id"], r["output_text"], r["num_prompt_tokens"],
                            r["num_output_tokens"], r["finish_reason"])
-                          for r in rows if r["cell_id"] == cell["cell_id"])
-        out[cell["cell_id"]] = (cell["status"], cell["kind"], cell["kv"], metrics, requests)
+                          for r in rows if r["cell_id"] == cell.cell_id)
+        out[cell.cell_id] = (cell.status, cell.kind, cell.kv, metrics, requests)
     return out
 
 
@@ -104,8 +105,8 @@ def test_ray_backend_finds_the_local_results(tmp_path, ray_instance):
     assert len(scenario.cells()) == 2
     local = run_scenario(scenario, tmp_path / "local", show_progress=False)
     on_ray = run_scenario(scenario, tmp_path / "ray", show_progress=False, backend="ray")
-    assert local.num_failed == 0, [c["error"] for c in local.cells]
-    assert on_ray.num_ran == 2 and on_ray.num_failed == 0, [c["error"] for c in on_ray.cells]
+    assert local.num_failed == 0, [c.error for c in local.cells]
+    assert on_ray.num_ran == 2 and on_ray.num_failed == 0, [c.error for c in on_ray.cells]
 
     a, b = comparable(RunStore(tmp_path / "local")), comparable(RunStore(tmp_path / "ray"))
     assert list(a) == [c.cell_id for c in scenario.cells()] == list(b)
@@ -121,13 +122,13 @@ def test_ray_backend_finds_the_local_results(tmp_path, ray_instance):
         kv: [int4]
         tasks: [{{name: ppl, task: "my_tasks.py:ppl_probe"}}]
         """, "int4.yaml")), tmp_path / "int4", show_progress=False, backend="ray")
-    assert other.cells[0]["metrics"]["ppl"] != ppl["ppl"]
+    assert other.cells[0].metrics["ppl"] != ppl["ppl"]
 
     store = RunStore(tmp_path / "ray")
     assert store.metadata()["backend"]["name"] == "ray"
     assert store.metadata()["backend"]["num_cpus"] == 2
-    assert all(c["env"]["backend"] == "ray" and c["env"]["node"] for c in store.cells())
-    assert all(store.log_path(c["cell_id"]).is_file() for c in store.cells())
+    assert all(c.env["backend"] == "ray" and c.env["node"] for c in store.cells())
+    assert all(store.log_path(c.cell_id).is_file() for c in store.cells())
     assert not (tmp_path / "ray" / ".work").exists()
     assert ray_instance.is_initialized()                   # not ours: left running
 
@@ -156,19 +157,19 @@ def test_ray_resume_failure_and_timeout(tmp_path, ray_instance):
 
     with pytest.raises(KeyboardInterrupt):
         run_scenario(scenario, out, show_progress=False, backend=FirstOnly(run_cell_process))
-    assert [c["cell_id"] for c in RunStore(out).cells()] == [ppl_cell.cell_id]
+    assert [c.cell_id for c in RunStore(out).cells()] == [ppl_cell.cell_id]
 
     # ... resumed on Ray: the two others run there; both fail, and are stored
     t0 = time.perf_counter()
     result = run_scenario(scenario, out, show_progress=False, backend="ray")
     assert result.resumed and result.num_skipped == 1 and result.num_ran == 2
-    by_task = {c["task"]: c for c in result.cells}
-    assert [c["task"] for c in result.cells] == ["ppl", "broken", "slow"]   # scenario order
-    assert by_task["ppl"]["status"] == "ok" and by_task["ppl"]["env"]["backend"] == "local"
-    assert by_task["broken"]["status"] == "failed"
-    assert "boom: this task always fails" in by_task["broken"]["error"]
-    assert by_task["slow"]["status"] == "failed"
-    assert "timed out after 20 s" in by_task["slow"]["error"]
+    by_task = {c.task: c for c in result.cells}
+    assert [c.task for c in result.cells] == ["ppl", "broken", "slow"]   # scenario order
+    assert by_task["ppl"].status == "ok" and by_task["ppl"].env["backend"] == "local"
+    assert by_task["broken"].status == "failed"
+    assert "boom: this task always fails" in by_task["broken"].error
+    assert by_task["slow"].status == "failed"
+    assert "timed out after 20 s" in by_task["slow"].error
     assert time.perf_counter() - t0 < 60
     assert RunStore(out).metadata()["interrupted"] is False
 
@@ -281,7 +282,7 @@ def test_declared_resources():
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.callback()(lambda: None)
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     return app
 
 

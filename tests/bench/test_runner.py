@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from kvmap.bench import runner as runner_mod
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.bench.summary import cell_rows, summary_rows, summary_table
 
 TASKS_PY = '''
@@ -78,7 +79,7 @@ def test_run_store_and_summary(tmp_path, user_files):
     assert len(scenario.cells()) == 6
     out = tmp_path / "run"
     result = run_scenario(scenario, out, show_progress=False)
-    assert result.num_ran == 6 and result.num_failed == 0, [c["error"] for c in result.cells]
+    assert result.num_ran == 6 and result.num_failed == 0, [c.error for c in result.cells]
 
     store = RunStore(out)
     meta = store.metadata()
@@ -93,17 +94,17 @@ def test_run_store_and_summary(tmp_path, user_files):
                                        ).fetchone()[0]) == 0
 
     cells = store.cells()
-    text = next(c for c in cells if c["workload"] == "text" and c["kv"] == "fp32")
-    m = text["metrics"]
+    text = next(c for c in cells if c.workload == "text" and c.kv == "fp32")
+    m = text.metrics
     assert m["num_completed"] == 3 and m["num_output_tokens"] == 9
     assert m["ttft_s"]["p50"] > 0 and m["tbt_s"]["p99"] >= m["tbt_s"]["p50"]
     assert m["peak_kv_resident_bytes"] > 0 and m["peak_rss_bytes"] > 0
     assert m["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4          # 2 layers, fp32
     assert m["max_num_running_seqs"] == 2 and m["goodput_requests_per_s"] > 0
-    int8 = next(c for c in cells if c["workload"] == "text" and c["kv"] == "int8")
-    assert int8["metrics"]["kv_bytes_per_token"] < m["kv_bytes_per_token"]
-    probe = next(c for c in cells if c["task"] == "probe")
-    assert probe["metrics"]["accuracy"] == 1.0 and probe["metrics"]["num_output_tokens"] == 4
+    int8 = next(c for c in cells if c.workload == "text" and c.kv == "int8")
+    assert int8.metrics["kv_bytes_per_token"] < m["kv_bytes_per_token"]
+    probe = next(c for c in cells if c.task == "probe")
+    assert probe.metrics["accuracy"] == 1.0 and probe.metrics["num_output_tokens"] == 4
 
     table = store.requests()
     assert table.num_rows == 2 * (3 + 3)
@@ -147,18 +148,18 @@ def test_failed_cell_recorded_and_resume_after_interrupt(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_scenario(scenario, out, show_progress=False)
     store = RunStore(out)
-    stored = {c["task"] or c["workload"]: c for c in store.cells()}
+    stored = {c.task or c.workload: c for c in store.cells()}
     assert set(stored) == {"tp", "broken"}
-    assert stored["broken"]["status"] == "failed"
-    assert "boom: this task always fails" in stored["broken"]["error"]
-    assert "RuntimeError" in stored["broken"]["traceback"]
+    assert stored["broken"].status == "failed"
+    assert "boom: this task always fails" in stored["broken"].error
+    assert "RuntimeError" in stored["broken"].traceback
     assert store.metadata()["interrupted"] is True
 
     monkeypatch.setattr(runner_mod, "run_cell_process", real)
     result = run_scenario(scenario, out, show_progress=False)
     assert result.resumed and result.num_ran == 1 and result.num_skipped == 2
     assert result.num_failed == 1
-    assert [c["task"] or c["workload"] for c in result.cells] == ["tp", "broken", "probe"]
+    assert [c.task or c.workload for c in result.cells] == ["tp", "broken", "probe"]
     assert RunStore(out).metadata()["interrupted"] is False
     assert RunStore(out).requests().num_rows == 2
 
@@ -182,7 +183,7 @@ def test_cell_timeout(tmp_path):
         """)
     result = run_scenario(load_scenario(path), tmp_path / "run", show_progress=False)
     (cell,) = result.cells
-    assert cell["status"] == "failed" and "timed out after 8 s" in cell["error"]
+    assert cell.status == "failed" and "timed out after 8 s" in cell.error
 
 
 @pytest.mark.parametrize("body, expected", [
@@ -252,7 +253,7 @@ def test_cli_json(tmp_path):
         """)
     app = typer.Typer()
     app.callback()(lambda: None)
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["bench", str(path), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvmap.bench.drive import drive
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.bench.timeseries import (TimeSeriesSampler, snapshot, time_weighted_mean,
                                     write_timeseries)
 from kvmap.workloads.spec import WorkloadRequest
@@ -51,6 +51,22 @@ def test_snapshot_waste_exact():
     assert req.num_kv_slots == 10 and snap["kv_waste_bytes"] == 2 * per_slot
 
 
+def test_snapshot_reads_every_tier_level():
+    """With tiers, each level's resident bytes and IO counters are in the sample."""
+    from kvmap.request import SamplingParams
+    llm = make_tiny_llm(kv="fp32+tiers(host=1MiB)", num_blocks=8)
+    engine = llm.engine
+    for i in range(4):               # distinct prompts through an 8-block pool: demotions
+        engine.add_request([1 + i] * 12, SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    snap = snapshot(engine)
+    host = engine.offload.levels[0].tier
+    assert snap["kv_resident_bytes_host"] == host.used_bytes > 0
+    assert snap["tier_host_bytes_written"] == host.stats.bytes_written > 0
+    engine.close()
+
+
 def test_snapshot_during_a_prefill_counts_the_chunk_as_held():
     """Between scheduling and the forward pass a prompt's blocks are allocated and its
     slots not yet counted: the waste is the last block's empty tail, not the prompt."""
@@ -70,11 +86,12 @@ def test_time_weighted_mean():
 
 
 def test_write_and_read_back(tmp_path):
-    record = {"cell_id": "c1", "metrics": {"timeseries": {"t_s": [0.0, 0.1],
-                                                          "rss_bytes": [1, 2]}}}
+    from kvmap.runs.record import CellRecord
+    record = CellRecord(cell_id="c1", kind="workload", model="m", dtype="fp32", kv="fp32",
+                        metrics={"timeseries": {"t_s": [0.0, 0.1], "rss_bytes": [1, 2]}})
     path = write_timeseries(tmp_path, record)
     assert path == tmp_path / "timeseries" / "c1.parquet"
-    assert "timeseries" not in record["metrics"]
+    assert "timeseries" not in record.metrics
     table = RunStore(tmp_path).timeseries("c1")
     assert table.column("rss_bytes").to_pylist() == [1, 2]
     assert RunStore(tmp_path).timeseries("nope") is None
@@ -82,13 +99,16 @@ def test_write_and_read_back(tmp_path):
 
 def test_report_draws_stored_series(tmp_path):
     import base64
+    from kvmap.runs.record import CellRecord
     from kvmap.report.timeseries import timeseries_figures
-    record = {"cell_id": "c1", "metrics": {"timeseries": {
-        "t_s": [0.0, 0.1, 0.2], "rss_bytes": [10, 20, 30], "num_running": [0, 4, 0],
-        "num_waiting": [4, 0, 0], "disk_read_bytes": [0, 100, 300]}}}
+    record = CellRecord(cell_id="c1", kind="workload", model="m", dtype="fp32", kv="fp32",
+                        workload="w", metrics={"timeseries": {
+                            "t_s": [0.0, 0.1, 0.2], "rss_bytes": [10, 20, 30],
+                            "num_running": [0, 4, 0], "num_waiting": [4, 0, 0],
+                            "disk_read_bytes": [0, 100, 300]}})
     write_timeseries(tmp_path, record)
-    cells = [{"cell_id": "c1", "kind": "workload", "kv": "fp32", "workload": "w"},
-             {"cell_id": "c2", "kind": "task", "kv": "fp32", "workload": None}]
+    cells = [record, CellRecord(cell_id="c2", kind="task", model="m", dtype="fp32",
+                                kv="fp32", task="t")]
     (label, png), = timeseries_figures(tmp_path, cells)
     assert label == "fp32 | w"
     assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
@@ -126,10 +146,10 @@ def test_bench_run_stores_series_and_waste_keys(tmp_path):
     run_scenario(load_scenario(path), out, show_progress=False)
     store = RunStore(out)
     (cell,) = store.cells()
-    assert cell["status"] == "ok", cell.get("error")
-    assert "timeseries" not in cell["metrics"]                  # moved to its own file
+    assert cell.status == "ok", cell.error
+    assert "timeseries" not in cell.metrics                  # moved to its own file
     assert {"kv_waste_bytes_max", "kv_waste_bytes_mean", "kv_waste_share_mean"} \
-        <= set(cell["metrics"])
-    table = store.timeseries(cell["cell_id"])
+        <= set(cell.metrics)
+    table = store.timeseries(cell.cell_id)
     assert table is not None and table.num_rows >= 2
     assert max(table.column("num_running").to_pylist()) <= 2

@@ -10,6 +10,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from kvmap.config import EngineArgs
 from kvmap.evals import EvalOptions, evaluate
 from kvmap.evals.generation import first_divergence
 from kvmap.evals.mc import load_items, parse_item
@@ -19,19 +20,8 @@ from kvmap.evals.stats import wilson_interval
 from kvmap.evals.ppl import (kl_divergence, log_probs, perplexity, tied_top1, token_nll,
                              top1_agreement, top1_agreement_with_ties)
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta, paired_deltas, ratio_pct
+from kvmap.model.byte_tokenizer import ByteTokenizer   # fits the tiny 256-token vocabulary
 from tests.conftest import make_tiny_llm
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids: fits the tiny model's 256-token vocabulary."""
-
-    eos_token_ids = ()
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
 
 
 def tiny_factory(built: list[str] | None = None):
@@ -45,7 +35,8 @@ def tiny_factory(built: list[str] | None = None):
 
 
 def run_tiny(task: str, specs, **options) -> dict:
-    return evaluate(task, specs, EvalOptions(**options), dtype="fp32", make_llm=tiny_factory())
+    return evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"),
+                    make_llm=tiny_factory())
 
 
 # ---- math by hand ----------------------------------------------------------------------
@@ -224,7 +215,7 @@ def test_mc_task_on_hellaswag_and_arc(tmp_path):
     assert same["n"] == 3 and same["delta_accuracy"]["mean"] == 0.0
     assert same["accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0) and "accuracy_norm" in int8
     first = evaluate("mc", ["fp32"], EvalOptions(data_path=data, num_samples=1),
-                     dtype="fp32", make_llm=tiny_factory())
+                     engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory())
     assert first["results"][0]["metrics"]["n"] == 1
 
 
@@ -240,14 +231,16 @@ def test_mc_task_on_hellaswag_and_arc(tmp_path):
 def test_bad_input_fails_before_any_model_loads(task, specs, options, message):
     built: list[str] = []
     with pytest.raises(ValueError, match=message):
-        evaluate(task, specs, EvalOptions(**options), dtype="fp32", make_llm=tiny_factory(built))
+        evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"),
+                 make_llm=tiny_factory(built))
     assert built == []
 
 
 def test_context_longer_than_the_model_fails_before_any_sample():
     built: list[str] = []
     with pytest.raises(ValueError, match=r"context=\[600\].*model's context is 512"):
-        evaluate("ppl", ["int8"], EvalOptions(context_tokens=(600,)), dtype="fp32",
+        evaluate("ppl", ["int8"], EvalOptions(context_tokens=(600,)),
+                 engine=EngineArgs(dtype="fp32"),
                  make_llm=tiny_factory(built))
     assert built == ["fp32"]                 # the baseline loaded; nothing ran
     with pytest.raises(ValueError, match="must be a positive"):

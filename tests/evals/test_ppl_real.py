@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvmap.config import EngineArgs
 from kvmap.evals import EvalOptions, evaluate
 
 pytestmark = pytest.mark.slow
@@ -15,7 +16,7 @@ def test_int8_per_token_perplexity_within_one_percent_of_the_baseline():
     from kvmap.hardware import detect
     result = evaluate("ppl", ["int8(granularity=token)"],
                       EvalOptions(context_tokens=(448,), continuation_tokens=64, num_samples=2),
-                      num_threads=1)
+                      engine=EngineArgs(num_threads=1))
     base, m = result["baseline"]["metrics"], result["results"][0]["metrics"]
     assert result["baseline"]["kv"] == detect().auto_dtype("cpu") == result["dtype"]
     assert m["num_tokens_scored"] == 128

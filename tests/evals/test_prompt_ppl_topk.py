@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kvmap.config import EngineArgs
 from kvmap.evals import EvalOptions
 from kvmap.evals.evaluation import evaluate
 from kvmap.evals.topk import (KL_DEFINITION, position_kl, sample_topk, top_entries,
@@ -70,7 +71,7 @@ def test_top_strings_keep_the_most_likely_of_equal_strings_and_add_the_scored_to
 def test_prompt_ppl_keeps_the_top_k_and_compares_it_with_the_baseline():
     result = evaluate("prompt_ppl", ["fp32", "int2"],
                       EvalOptions(context_tokens=(40,), num_samples=3, num_top_logprobs=3),
-                      dtype="fp32", make_llm=tiny_factory())
+                      engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory())
     same, int2 = (r["metrics"] for r in result["results"])
     assert same["kl_topk"] == 0.0 and same["top1_topk"] == 1.0
     assert int2["kl_topk"] > 0 and int2["kl_topk_ci95"][0] <= int2["kl_topk"]

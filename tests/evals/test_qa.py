@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kvmap.config import EngineArgs
 from kvmap.evals import EvalOptions, evaluate
 from kvmap.evals.qa import QATask, exact_match, load_qa, normalize_answer, token_f1
 from kvmap.evals.qa_builtin import (DEFAULT_CONTEXT_TOKENS, DEFAULT_NUM_QUESTIONS,
@@ -61,7 +62,8 @@ def test_qa_task_end_to_end_on_a_file_and_built_in(tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [
         {"context": "Paris is in France.", "question": "Where is Paris?", "answers": ["France"]},
         {"context": "Rome is in Italy.", "question": "Where is Rome?", "answers": ["Italy"]}])
-    result = evaluate("qa", ["fp32", "int2"], EvalOptions(data_path=path), dtype="fp32",
+    result = evaluate("qa", ["fp32", "int2"], EvalOptions(data_path=path),
+                      engine=EngineArgs(dtype="fp32"),
                       make_llm=chat_factory)
     same, int2 = (r["metrics"] for r in result["results"])
     assert same["num_samples"] == 2 and same["negative_rate"] == 0.0
@@ -71,7 +73,7 @@ def test_qa_task_end_to_end_on_a_file_and_built_in(tmp_path):
     assert [r["sample_id"] for r in records] == ["qa/0", "qa/1"]
     assert all(set(r) >= {"correct", "f1", "output", "answers"} for r in records)
     first = evaluate("qa", ["fp32"], EvalOptions(data_path=path, num_samples=1),
-                     dtype="fp32", make_llm=chat_factory)
+                     engine=EngineArgs(dtype="fp32"), make_llm=chat_factory)
     assert first["results"][0]["metrics"]["num_samples"] == 1
     json.dumps(result)
 
@@ -80,13 +82,13 @@ def test_qa_bad_file_fails_before_any_model_loads(tmp_path):
     built: list[str] = []
     path = write_jsonl(tmp_path / "qa.jsonl", [{"context": "c", "question": "q"}])
     with pytest.raises(ValueError, match="qa.jsonl:1: missing field 'answers'"):
-        evaluate("qa", ["fp32"], EvalOptions(data_path=path), dtype="fp32",
-                 make_llm=tiny_factory(built))
+        evaluate("qa", ["fp32"], EvalOptions(data_path=path),
+                 engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory(built))
     good = write_jsonl(tmp_path / "good.jsonl", [{"context": "c", "question": "q?",
                                                    "answers": ["a"]}])
     with pytest.raises(ValueError, match="--context: task 'qa' takes its contexts from"):
         evaluate("qa", ["fp32"], EvalOptions(data_path=good, context_tokens=(300,)),
-                 dtype="fp32", make_llm=tiny_factory(built))
+                 engine=EngineArgs(dtype="fp32"), make_llm=tiny_factory(built))
     bad_prefix = write_jsonl(tmp_path / "p.jsonl", [{"context": "c", "question": "q?",
                                                       "answers": ["yes"], "answer_prefix": 3}])
     with pytest.raises(ValueError, match="p.jsonl:1: 'answer_prefix' must be a string"):
@@ -126,7 +128,7 @@ def test_builtin_records_are_spans_of_their_context_by_code():
 
 def test_qa_without_a_file_runs_the_builtin_set_on_the_tiny_model():
     result = evaluate("qa", ["fp32"], EvalOptions(context_tokens=(220,), num_samples=3),
-                      dtype="fp32", make_llm=chat_factory)
+                      engine=EngineArgs(dtype="fp32"), make_llm=chat_factory)
     records = result["results"][0]["per_sample"]
     assert [r["sample_id"] for r in records] == ["qa/0", "qa/1", "qa/2"]
     assert all(r["context_tokens"] == 220 and r["num_prompt_tokens"] > 220 for r in records)
@@ -142,6 +144,7 @@ def test_builtin_context_is_checked_against_the_model_before_it_runs():
     assert QATask(EvalOptions(context_tokens=(300, 900))).max_tokens_needed() == 900 + 64 + 16
     built: list[str] = []
     with pytest.raises(ValueError, match=r"context=\[600\]: task 'qa' needs sequences of"):
-        evaluate("qa", ["fp32"], EvalOptions(context_tokens=(600,)), dtype="fp32",
+        evaluate("qa", ["fp32"], EvalOptions(context_tokens=(600,)),
+                 engine=EngineArgs(dtype="fp32"),
                  make_llm=tiny_factory(built))
     assert built == ["fp32"]           # the check needs the model's config: right after it

@@ -4,16 +4,19 @@ data with known answers and on the tiny model."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from kvmap.config import EngineArgs
 from kvmap.evals import EvalOptions, TaskRun, evaluate, get_task
 from kvmap.evals.chat_generation import length_metrics, ratios
 from kvmap.evals.ppl import token_nll
 from kvmap.evals.stats import (accuracy_metrics, negative_rate, paired_values,
                                wilson_interval)
-from tests.evals.test_evals import ByteTokenizer, tiny_factory
+from kvmap.model.byte_tokenizer import ByteTokenizer
+from tests.evals.test_evals import tiny_factory
 
 
 # ---- intervals and rates by hand -----------------------------------------------------
@@ -96,7 +99,8 @@ def test_token_nll_builds_its_index_on_the_logits_device():
 
 # ---- records from the tasks on the tiny model -----------------------------------------
 def run_tiny(task: str, specs, **options) -> dict:
-    return evaluate(task, specs, EvalOptions(**options), dtype="fp32", make_llm=tiny_factory())
+    return evaluate(task, specs, EvalOptions(**options), engine=EngineArgs(dtype="fp32"),
+                    make_llm=tiny_factory())
 
 
 def test_passkey_records_are_stable_and_the_prefix_cache_serves_shared_text():
@@ -169,7 +173,7 @@ def test_chat_generation_records_on_the_tiny_model():
         return llm
     result = evaluate("chat_generation", ["fp32", "int2"],
                       EvalOptions(context_tokens=(40,), continuation_tokens=12, num_samples=4),
-                      dtype="fp32", make_llm=make)
+                      engine=EngineArgs(dtype="fp32"), make_llm=make)
     same = result["results"][0]["metrics"]
     assert same["output_tokens_mean_ratio"] == 1.0 and same["e2e_s_mean_ratio"] > 0
     for row in [result["baseline"], *result["results"]]:
@@ -182,5 +186,12 @@ def test_chat_generation_records_on_the_tiny_model():
 
 
 def test_chat_generation_needs_a_chat_template():
+    def make(spec):                 # bytes as tokens, and no way to apply a chat template
+        llm = tiny_factory()(spec)
+        tok = ByteTokenizer()
+        llm.tokenizer = llm.engine.tokenizer = SimpleNamespace(
+            encode=tok.encode, decode=tok.decode, eos_token_ids=())
+        return llm
     with pytest.raises(ValueError, match="chat template"):
-        run_tiny("chat_generation", ["fp32"], context_tokens=(20,), num_samples=1)
+        evaluate("chat_generation", ["fp32"], EvalOptions(context_tokens=(20,), num_samples=1),
+                 engine=EngineArgs(dtype="fp32"), make_llm=make)

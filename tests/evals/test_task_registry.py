@@ -18,6 +18,7 @@ class CountTask(Task):
     """Correct when the first generated token is even: a task that needs no model skill."""
 
     name = "even_first_token"
+    kind = "accuracy"                     # judged as a share of samples right
     takes = frozenset({"context_tokens"})
 
     def max_tokens_needed(self, samples=None) -> int:
@@ -99,8 +100,19 @@ def test_report_has_a_column_for_a_registered_task(registered, tmp_path):
     metrics = {**accuracy_metrics([True, False]), "peak_kv_resident_bytes": 1 << 20}
     per_sample = [{"sample_id": "even/0", "correct": True},
                   {"sample_id": "even/1", "correct": False}]
+    from kvmap.bench.tasks import task_kind
+    kind = task_kind("even_first_token", metrics, {})       # what the bench stores
     cells = [_record(f"{kv}-even", kv, "task", metrics, task="even_first_token",
-                     details={"per_sample": per_sample}) for kv in ("bf16", "int8")]
+                     details={"per_sample": per_sample}, task_kind=kind)
+             for kv in ("bf16", "int8")]
     headers, rows = metric_rows(summarize(cells, {}))
     column = headers.index("even_first_token")
     assert all("50%" in r.cells[column - 1] for r in rows) and len(rows) == 2   # cells: after "config"
+
+
+def test_every_registered_task_says_how_the_report_judges_it():
+    from kvmap.evals import TASK_KINDS
+    kinds = {name: TASKS[name].kind for name in TASKS}
+    assert set(kinds.values()) <= set(TASK_KINDS), kinds
+    assert kinds["ppl"] == "ppl" and kinds["passkey"] == "accuracy"
+    assert kinds["chat_generation"] == "generation"

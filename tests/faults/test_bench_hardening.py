@@ -15,7 +15,7 @@ from rich.console import Console
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.cellspec import DEFAULT_CELL_TIMEOUT_S
 from kvmap.bench.scenario import ScenarioError, load_scenario
-from kvmap.bench.store import RunLock, RunStore
+from kvmap.runs.store import RunLock, RunStore
 
 TASKS_PY = '''
 import os, subprocess, sys, time
@@ -64,7 +64,7 @@ def test_rich_markup_in_an_error_does_not_crash_the_runner(tmp_path):
     s = scenario(tmp_path, 'tasks:\n  - {name: m, task: "tasks.py:markup"}\n')
     result, text = run(s, tmp_path / "run")
     (cell,) = result.cells
-    assert cell["status"] == "failed" and "[/nope]" in cell["error"]
+    assert cell.status == "failed" and "[/nope]" in cell.error
     assert "[/] markup" in text and result.num_failed == 1
 
 
@@ -74,7 +74,7 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_holder(tmp_path):
         with pytest.raises(ValueError, match=f"in use by another run \\(pid {os.getpid()}"):
             run(s, tmp_path / "run")
     result, _ = run(s, tmp_path / "run")          # released: the run goes ahead
-    assert [c["status"] for c in result.cells] == ["ok"]
+    assert [c.status for c in result.cells] == ["ok"]
 
 
 @pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "..\\\\x"])
@@ -113,7 +113,7 @@ def test_a_timed_out_cell_takes_its_children_with_it(tmp_path):
                            f"\"tasks.py:spawn_and_hang\", params: {{pid_file: {str(pid_file)!r}}}}}\n")
     result, _ = run(s, tmp_path / "run")
     (cell,) = result.cells
-    assert cell["status"] == "failed" and "timed out" in cell["error"]
+    assert cell.status == "failed" and "timed out" in cell.error
     pid = int(pid_file.read_text())
     for _ in range(50):                              # the kill is asynchronous
         try:
@@ -131,14 +131,14 @@ def test_a_killed_cells_tier_storage_is_swept(tmp_path):
                            f"kv: [\"fp32+tiers(disk=1MiB,disk_path={disk_path})\"]\n"
                            'tasks:\n  - {name: h, task: "tasks.py:hang"}\n')
     result, _ = run(s, tmp_path / "run")
-    assert "timed out" in result.cells[0]["error"]
+    assert "timed out" in result.cells[0].error
     assert list(disk_path.iterdir()) == []        # the dead cell's kvmap-disk-<pid>-* dir
 
 
 def test_the_cell_is_the_oom_killers_first_choice(tmp_path):
     s = scenario(tmp_path, 'tasks:\n  - {name: o, task: "tasks.py:oom_score"}\n')
     result, _ = run(s, tmp_path / "run")
-    assert result.cells[0]["metrics"]["oom_score_adj"] == 1000
+    assert result.cells[0].metrics["oom_score_adj"] == 1000
 
 
 def test_cell_memory_limit_fails_the_cell_not_the_machine(tmp_path):
@@ -147,7 +147,7 @@ def test_cell_memory_limit_fails_the_cell_not_the_machine(tmp_path):
     assert all(c.memory_limit_bytes == 8 << 30 for c in s.cells())
     result, _ = run(s, tmp_path / "run")
     (cell,) = result.cells
-    assert cell["status"] == "failed" and "MemoryError" in cell["error"]
+    assert cell.status == "failed" and "MemoryError" in cell.error
 
 
 def test_tier_errors_reach_the_record_and_the_checklist(tmp_path):
@@ -159,16 +159,16 @@ def test_tier_errors_reach_the_record_and_the_checklist(tmp_path):
                            "prompt_len: 24, output_len: 2}\n")
     result, _ = run(s, tmp_path / "run")
     (cell,) = result.cells
-    assert cell["status"] == "ok" and cell["metrics"]["tier_errors"] > 0
+    assert cell.status == "ok" and cell.metrics["tier_errors"] > 0
     assert any(w.startswith("TierErrors:") and "redis:connection" in w
-               for w in cell["warnings"])
+               for w in cell.warnings)
     items = [i for items in analyze(load_run(tmp_path / "run")).checklist.values()
              for i in items if i.item.startswith("tier errors")]
     assert [i.status for i in items] == ["FAIL"]      # Redis down throughout: no tier hit
 
 
 def test_input_files_name_the_task_module_and_the_trace(tmp_path):
-    from kvmap.bench.inputs import changed_files, input_files
+    from kvmap.runs.inputs import changed_files, input_files
     (tmp_path / "t.jsonl").write_text('{"arrival_s": 0.0, "prompt_tokens": 8, "max_tokens": 2}\n')
     s = scenario(tmp_path, 'tasks:\n  - {name: o, task: "tasks.py:oom_score"}\n'
                            "workloads:\n  - {name: r, kind: trace, trace: t.jsonl}\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 TASKS_PY = '''
 def probe(llm, tokens=6):
@@ -56,8 +56,8 @@ def summary(run_dir: Path):
     rows = store.requests().to_pylist()
     keys = [(r["cell_id"], r["request_id"]) for r in rows]
     assert len(keys) == len(set(keys)), "a request row is duplicated"
-    per_cell = {c["cell_id"]: (c["status"], c["metrics"].get("accuracy"),
-                               c["metrics"].get("tokens")) for c in cells}
+    per_cell = {c.cell_id: (c.status, c.metrics.get("accuracy"),
+                               c.metrics.get("tokens")) for c in cells}
     assert len(per_cell) == len(cells), "a cell is duplicated"
     tokens = sorted((r["cell_id"], r["request_id"], r["output_text"],
                      r["num_output_tokens"]) for r in rows)

@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.kv.redact import redact_spec
 
 PASSWORD = "Sup3rSecretPw-4711"
@@ -28,7 +29,7 @@ def test_redact_spec_strips_user_info_only():
 def app() -> typer.Typer:
     a = typer.Typer()
     a.callback()(lambda: None)
-    register(a)
+    register(a, tradeoff_map=bench_tradeoff_map)
     return a
 
 

@@ -38,8 +38,7 @@ TABLE = torch.tensor([[5, 2, 7], [0, 3, 0]])     # sequences a, b; b padded with
 
 
 def operands(codec, store, fused: bool, monkeypatch):
-    monkeypatch.setattr(qa, "FUSED", fused)
-    return qa.decode_kv(codec, store, TABLE, GEOM.num_kv_heads)
+    return qa.decode_kv(codec, store, TABLE, GEOM.num_kv_heads, fused=fused)
 
 
 def folds(case) -> bool:
@@ -93,7 +92,7 @@ def test_greedy_tokens_do_not_depend_on_the_path(spec, monkeypatch):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     runs = []
     for fused in (False, True):
-        monkeypatch.setattr(qa, "FUSED", fused)
+        llm.engine.runner.fused_reads = fused
         runs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert runs[0] == runs[1]
 

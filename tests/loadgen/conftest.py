@@ -27,11 +27,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+# the stdlib reference client lives with the benchmark that compares against it
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 class FakeServer:

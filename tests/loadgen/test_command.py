@@ -7,7 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.loadgen.command import register
 from kvmap.loadgen.server_metrics import Scrape, agreement, server_view
 
@@ -50,20 +50,20 @@ def test_levels_into_a_run_store(fake_server, tmp_path):
     store = RunStore(out)
     cells = store.cells()
     assert printed["run_dir"] == str(out) and len(printed["cells"]) == 2
-    assert [c["params"]["level"] for c in cells] == ["rate=20", "rate=40"]
+    assert [c.params["level"] for c in cells] == ["rate=20", "rate=40"]
     asked = [b["max_tokens"] for b in server.requests[1:]]   # [0]: warm-up; lengths vary
     for k, c in enumerate(cells):
-        assert c["kind"] == "loadgen" and c["status"] == "ok" and c["kv"] == "remote"
-        assert c["model"] == "fake-model" and c["params"]["workload"] == "throughput"
-        assert c["workload"] == f"throughput@{c['params']['level']}"
-        m = c["metrics"]
+        assert c.kind == "loadgen" and c.status == "ok" and c.kv == "remote"
+        assert c.model == "fake-model" and c.params["workload"] == "throughput"
+        assert c.workload == f"throughput@{c.params['level']}"
+        m = c.metrics
         assert m["num_completed"] == 6
         assert m["num_output_tokens"] == sum(asked[6 * k:6 * k + 6])
         assert m["num_good_requests"] == 6 and m["slo_violations"] == {}
         assert 0.02 <= m["ttft_s"]["mean"] < 0.2
     table = store.requests()
     assert table.num_rows == 12
-    assert set(table.column("cell_id").to_pylist()) == {c["cell_id"] for c in cells}
+    assert set(table.column("cell_id").to_pylist()) == {c.cell_id for c in cells}
     assert [len(t) for t in table.column("token_times_s").to_pylist()] == \
         table.column("num_output_tokens").to_pylist()
     meta = store.metadata()
@@ -87,8 +87,8 @@ def test_failed_level_exits_1(fake_server, tmp_path):
                      "--out", str(tmp_path / "r"))
     assert result.exit_code == 1
     [cell] = RunStore(tmp_path / "r").cells()
-    assert cell["status"] == "failed" and "HTTP 500" in cell["error"]
-    assert cell["metrics"]["failures_by_kind"] == {"http_5xx": 3}
+    assert cell.status == "failed" and "HTTP 500" in cell.error
+    assert cell.metrics["failures_by_kind"] == {"http_5xx": 3}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -135,10 +135,10 @@ def test_kv_label_comes_from_metrics(fake_server, tmp_path):
                      str(tmp_path / "r"))
     assert result.exit_code == 0, result.output
     cells = RunStore(tmp_path / "r").cells()
-    assert [c["params"]["phase"] for c in cells] == [0, 1]
-    assert [c["metrics"]["num_requests"] for c in cells] == [6, 8]
-    assert all(c["kv"] == "int4" for c in cells)
-    timeline = cells[0]["details"]["server_timeline"]
+    assert [c.params["phase"] for c in cells] == [0, 1]
+    assert [c.metrics["num_requests"] for c in cells] == [6, 8]
+    assert all(c.kv == "int4" for c in cells)
+    timeline = cells[0].details["server_timeline"]
     assert timeline and timeline[-1]["kv"] == "int4"
 
 
@@ -151,8 +151,8 @@ def test_trace_replay_over_chat(fake_server, tmp_path):
                      "--api", "chat", "--warmup", "0", "--out", str(tmp_path / "r"))
     assert result.exit_code == 0, result.output
     [cell] = RunStore(tmp_path / "r").cells()
-    assert cell["workload"] == "trace:t@workload-arrivals"
-    assert cell["metrics"]["num_output_tokens"] == 5
+    assert cell.workload == "trace:t@workload-arrivals"
+    assert cell.metrics["num_output_tokens"] == 5
     assert [b["messages"][0]["content"] for b in server.requests][0] == "hi there"
     rows = RunStore(tmp_path / "r").requests().to_pylist()
     assert [r["scheduled_arrival_s"] for r in rows] == [0.0, 0.2]
@@ -165,11 +165,11 @@ def test_closed_loop_for_a_duration(fake_server, tmp_path):
                      "--workload", "multi-turn", "--out", str(tmp_path / "r"))
     assert result.exit_code == 0, result.output
     [cell] = RunStore(tmp_path / "r").cells()
-    assert cell["metrics"]["stopped_by"] == "duration"
-    assert cell["metrics"]["num_completed"] >= 4 and cell["metrics"]["num_failed"] == 0
-    m = cell["metrics"]                    # the client's own CPU, over the level's run
+    assert cell.metrics["stopped_by"] == "duration"
+    assert cell.metrics["num_completed"] >= 4 and cell.metrics["num_failed"] == 0
+    m = cell.metrics                    # the client's own CPU, over the level's run
     assert 0 < m["client_cpu_s"] and m["client_cpu_share"] == pytest.approx(
-        m["client_cpu_s"] / cell["duration_s"])
+        m["client_cpu_s"] / cell.duration_s)
 
 
 def test_chunks_delivered_in_a_window():

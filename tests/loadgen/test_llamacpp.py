@@ -113,9 +113,9 @@ def test_both_clients_against_llama_server(llama_server):
     token asked for (ignore_eos is honoured), with the same prompt token counts."""
     import asyncio
 
-    from kvmap.loadgen.reference import run_reference
     from kvmap.loadgen.results import load_metrics
     from kvmap.loadgen.runner import run_plan
+    from stdlib_client import run_reference     # benchmarks/ (tests/loadgen/conftest.py)
     from kvmap.loadgen.schedule import Level, make_plan
     with urllib.request.urlopen(f"{llama_server}/v1/models", timeout=10) as r:
         assert "smollm2" in json.dumps(json.loads(r.read()))

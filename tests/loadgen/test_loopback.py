@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.loadgen.command import register
 
 app = typer.Typer()
@@ -49,10 +49,10 @@ def test_three_rates_against_kvmap_serve(tiny_serve, tmp_path):
     cells = _loadgen(tiny_serve.url, out, "--tokenizer", "bytes", "--rate", "4,8,16",
                      "--num-requests", "12", "--prompt-tokens", "64",
                      "--output-tokens", "8", "--slo", "ttft=2s")
-    assert [c["params"]["level"] for c in cells] == ["rate=4", "rate=8", "rate=16"]
+    assert [c.params["level"] for c in cells] == ["rate=4", "rate=8", "rate=16"]
     for c in cells:
-        m, server = c["metrics"], c["metrics"]["server"]
-        assert c["status"] == "ok" and c["kv"] == "fp32" and c["model"] == "dummy:tiny"
+        m, server = c.metrics, c.metrics["server"]
+        assert c.status == "ok" and c.kv == "fp32" and c.model == "dummy:tiny"
         assert m["num_completed"] == 12 and m["failures_by_kind"] == {}
         assert m["num_output_tokens_from_chunks"] == 0           # usage came back
         # the server saw exactly this level's requests (scrapes bracket each level)
@@ -71,8 +71,8 @@ def test_ttft_agrees_with_the_server_histogram(kvmap_serve, tmp_path):
     cells = _loadgen(server.url, tmp_path / "run", "--rate", "0.5,1,2",
                      "--num-requests", "5", "--prompt-tokens", "512", "--output-tokens", "8")
     for c in cells:
-        agreement = c["metrics"]["ttft_vs_server"]
-        assert c["metrics"]["num_completed"] == 5
+        agreement = c.metrics["ttft_vs_server"]
+        assert c.metrics["num_completed"] == 5
         # the client's clock encloses the server's: a positive offset, bounded by the HTTP
         # path (how close the two agree is a timing figure: benchmarks/serve_load.py)
-        assert 0 < agreement["offset_s"] < 0.5, (c["params"]["level"], agreement)
+        assert 0 < agreement["offset_s"] < 0.5, (c.params["level"], agreement)

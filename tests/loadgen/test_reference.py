@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 
 from kvmap.loadgen.client import Endpoint
-from kvmap.loadgen.reference import run_reference
 from kvmap.loadgen.results import load_metrics
 from kvmap.loadgen.runner import open_session, run_plan
 from kvmap.loadgen.schedule import Level, make_plan
+from stdlib_client import run_reference         # benchmarks/ (tests/loadgen/conftest.py)
 from kvmap.workloads.spec import WorkloadRequest
 
 

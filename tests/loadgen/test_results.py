@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmap.bench.store import REQUEST_SCHEMA, requests_table
+from kvmap.runs.store import REQUEST_SCHEMA, requests_table
 from kvmap.loadgen.client import RawResult
 from kvmap.loadgen.results import load_metrics, request_row, request_stats
 from kvmap.loadgen.runner import Sent

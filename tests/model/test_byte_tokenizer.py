@@ -13,8 +13,8 @@ TEXT = "The pass key is 84606. Ünïcödé → 東京 🚀\n"
 
 
 def test_server_and_loadgen_tokenize_a_dummy_model_alike():
-    engine, _ = make_engine_factory(EngineArgs(model="dummy:tiny", dtype="fp32",
-                                               num_blocks=8, device="cpu"), "bf16")
+    engine, _ = make_engine_factory(EngineArgs(model="dummy:tiny", dtype="fp32", kv="bf16",
+                                               num_blocks=8, device="cpu"))
     served, loadgen = engine.tokenizer, load_tokenizer("bytes")
     assert isinstance(served, ByteTokenizer) and isinstance(loadgen, ByteTokenizer)
     ids = served.encode(TEXT)

@@ -4,7 +4,7 @@
 Bound: in fp32 the paths are the same algebra in another order (relative error below
 1e-5); in bf16 the operands and products round at different places, so the error of
 the codes path may be at most twice that of attention over the dequantized bf16 blocks
-(``FUSED = False``) plus 2^-8, and below 2% in absolute terms.
+(``fused_reads=False``) plus 2^-8, and below 2% in absolute terms.
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ def _codec(spec: str):
 
 def _attend(codec, dtype, fused: bool, monkeypatch):
     """(output (B, HQ*D), the store after the step) for one decode step of B rows."""
-    monkeypatch.setattr(qa, "FUSED", fused)
     g = torch.Generator().manual_seed(1)
     H, D, bs = GEOM.num_kv_heads, GEOM.head_dim, GEOM.block_size
     store = codec.allocate(10, GEOM, "cpu", dtype, layer_id=0)
@@ -45,6 +44,7 @@ def _attend(codec, dtype, fused: bool, monkeypatch):
     q = torch.randn(B, HQ, D, generator=g).to(dtype)
     k, v = (torch.randn(B, H, D, generator=g).to(dtype) for _ in range(2))
     meta = AttentionMetadata.build(new_slots, TABLES, LENS, [], bs, "cpu", dtype)
+    meta.fused_reads = fused
     return paged_attention(q, k, v, store, codec, meta, H), q, store
 
 

@@ -58,7 +58,10 @@ def test_w8a8_and_int4_products_are_close_to_the_float_product(exact_kernels):
     assert (Int4Linear(w)(x) - exact).abs().max() < 0.2 * exact.abs().max()
 
 
-@pytest.mark.parametrize("quantization", ["int8", "w8a8", "int4"])
+FORMAT_ROWS = ["int8", "w8a8", "int4"]          # every weight format (tests/test_family_rows.py)
+
+
+@pytest.mark.parametrize("quantization", FORMAT_ROWS)
 @pytest.mark.parametrize("kv", ["fp32", "int8", "int4", "fp8", "kivi(bits=2)",
                                 "snapkv(budget=16)", "h2o(budget=16)",
                                 "int8 + streaming_llm(sinks=4, window=12)"])

@@ -14,7 +14,7 @@ from kvmap.plan.planner import plan_capacity
 from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest, simulate
 from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
 from kvmap.plan.sim.engine import SimState, Simulator
-from kvmap.plan.sim.hardware import Hardware, Tier, gpu_hardware
+from kvmap.plan.sim.hardware import Hardware, TierHardware, gpu_hardware
 from kvmap.plan.sim.workload import requests_from_spec
 from kvmap.workloads.arrivals import ClosedLoop, Poisson
 from kvmap.workloads.lengths import Fixed, LogNormal, Uniform
@@ -40,8 +40,9 @@ def multi_turn(num_requests=64, seed=0, concurrency=12) -> WorkloadSpec:
 
 def tiered_config(**changes) -> SimConfig:
     """Llama-3-8B on an H100 with a small pool and small tiers: lots of tier traffic."""
-    tiers = (Tier("host", 96 * 2**20 * 16, 50e9, 10e-6, link="pcie"),
-             Tier("nvme", 256 * 2**20 * 16, 7e9, 80e-6, iops=5e5, io_bytes=131072, link="nvme"))
+    tiers = (TierHardware("host", 96 * 2**20 * 16, 50e9, 10e-6, link="pcie"),
+             TierHardware("nvme", 256 * 2**20 * 16, 7e9, 80e-6, iops=5e5, io_bytes=131072,
+                          link="nvme"))
     config = SimConfig(name="t", model=MODEL, hardware=gpu_hardware("h100-80gb"),
                        kv=KVConfig.parse("bf16"), workload=multi_turn(), tiers=tiers,
                        engine=EngineSettings(max_num_seqs=8, max_num_batched_tokens=2048,
@@ -60,7 +61,7 @@ def tiered_config(**changes) -> SimConfig:
     {"kv": KVConfig.parse("streaming_llm(sinks=4, window=128)+int8")},
     {"engine": EngineSettings(max_num_seqs=8, max_num_batched_tokens=2048,
                               kv_memory_bytes=24 * 2**20 * 16, hbm_window_tokens=64),
-     "tiers": (Tier("host", 8 * GiB, 50e9, 10e-6),)},
+     "tiers": (TierHardware("host", 8 * GiB, 50e9, 10e-6),)},
 ], ids=["lru", "lfu", "arc-prefetch", "lru-prefetch", "int8", "streaming", "offload"])
 def test_conservation_of_requests_blocks_and_bytes(changes):
     config = tiered_config(**changes)
@@ -162,7 +163,7 @@ def test_prefill_flops_match_the_engine_cost_model():
 
 
 def test_tier_transfer_time_is_latency_plus_bandwidth_or_iops():
-    tier = Tier("nvme", GiB, bandwidth=1e9, latency_s=1e-4, iops=1000, io_bytes=4096)
+    tier = TierHardware("nvme", GiB, bandwidth=1e9, latency_s=1e-4, iops=1000, io_bytes=4096)
     # 2 blocks of 1 MiB: 2 MiB / 1 GB/s = 2.1 ms; 512 IOs / 1000 IOPS = 512 ms: IOPS bound
     assert tier.transfer_s(2, 2**20) == pytest.approx(1e-4 + 512 / 1000)
     fast = replace(tier, iops=1e9)
@@ -225,7 +226,7 @@ def test_offload_window_bounds_hbm_and_streams_over_the_link():
     engine = EngineSettings(max_num_seqs=2, kv_memory_bytes=4 * GiB, hbm_window_tokens=512)
     config = SimConfig(name="w", model=MODEL, hardware=gpu_hardware("h100-80gb"),
                        kv=KVConfig.parse("bf16"), workload=None, engine=engine,
-                       tiers=(Tier("host", 64 * GiB, 50e9, 10e-6),))
+                       tiers=(TierHardware("host", 64 * GiB, 50e9, 10e-6),))
     result = simulate(config, [SimRequest("r", 8000, 20, arrival_s=0.0)])
     block = result.kv["kv_block_bytes_per_device"]
     assert result.kv["peak_hbm_kv_bytes_per_seq"] == (math.ceil(512 / 16) + 1) * block

@@ -1,14 +1,17 @@
 """Fixtures of the report tests: a hand-made run directory (``RunStore`` records and
-request rows) with known figures; no model runs."""
+request rows) with known figures; no model runs. Records are ``CellRecord``s and the
+stored scenario is a real one (``parse_scenario``), as the bench writes them."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from types import SimpleNamespace
 
+from kvmap.runs.record import CellRecord
+from kvmap.bench.scenario_parse import parse_scenario
+from kvmap.runs.store import RunStore
+from kvmap.evals import TASKS
 from kvmap.metrics import aggregate
-from kvmap.bench.store import RunStore
 
 SLO = {"ttft_p99_s": 0.5, "tbt_p99_s": 0.1}
 
@@ -44,11 +47,11 @@ def _workload(kv: str, gap_s: float, ttft_s: float, peak: int, ops: int, duratio
     return _record(cell_id, kv, "workload", metrics, workload="chat"), rows
 
 
-def _record(cell_id, kv, kind, metrics, workload=None, task=None, details=None):
-    return {"schema": "kvmap.bench.cell/1", "cell_id": cell_id, "kind": kind, "model": "m",
-            "dtype": "bf16", "kv": kv, "workload": workload, "task": task, "params": {},
-            "status": "ok", "error": None, "warnings": [], "metrics": metrics,
-            "details": details or {}, "duration_s": 1.0, "env": {"load_avg_1m_end": 1.0}}
+def _record(cell_id, kv, kind, metrics, workload=None, task=None, details=None,
+            task_kind=None) -> CellRecord:
+    return CellRecord(cell_id=cell_id, kind=kind, model="m", dtype="bf16", kv=kv,
+                      workload=workload, task=task, task_kind=task_kind, metrics=metrics,
+                      details=details or {}, duration_s=1.0, env={"load_avg_1m_end": 1.0})
 
 
 def _tasks(kv: str, ppl_delta: float, passkey: list[float], peak: int):
@@ -59,11 +62,11 @@ def _tasks(kv: str, ppl_delta: float, passkey: list[float], peak: int):
                    "delta_ppl_pct": {"mean": ppl_delta, "ci_low": ppl_delta - 0.2,
                                      "ci_high": ppl_delta + 0.2},
                    "peak_kv_resident_bytes": peak},
-                  task="ppl")
+                  task="ppl", task_kind="ppl")
     pk = _record(f"{kv}-passkey", kv, "task",
                  {"accuracy": sum(passkey) / len(passkey), "n": len(passkey), "grid": grid,
                   "peak_kv_resident_bytes": peak},
-                 task="passkey", details={"per_sample": passkey})
+                 task="passkey", details={"per_sample": passkey}, task_kind="accuracy")
     return [ppl, pk]
 
 
@@ -80,10 +83,29 @@ def make_run(path: Path, kv_memory: str = "64MiB") -> Path:
                                    "engine": {"kv_memory": kv_memory}})
 
 
+def scenario_of(records, data: dict):
+    """The scenario a bench run of ``records`` stored, from ``data`` (its name,
+    description, SLA, engine, and per workload name its own SLA: ``{"workloads":
+    [{"name": ..., "slo": ...}]}``) -- parsed for real. The report reads the name, the
+    description, the SLAs and ``engine.kv_memory``; models, KV list and jobs are the
+    records' (on the tiny model)."""
+    slos = {w["name"]: w.get("slo") for w in data.get("workloads") or ()}
+    workloads = list(dict.fromkeys(r.workload.partition("@")[0] for r in records
+                                   if r.workload))
+    tasks = list(dict.fromkeys(r.task for r in records if r.task))
+    return parse_scenario({
+        **{k: v for k, v in data.items() if k != "workloads"},
+        "models": ["dummy:tiny"], "kv": list(dict.fromkeys(r.kv for r in records)),
+        "workloads": [{"name": w, "kind": "synthetic", "num_requests": 2,
+                       **({"slo": slos[w]} if slos.get(w) else {})} for w in workloads],
+        "tasks": [{"name": t, "task": t if t in TASKS else "generation"} for t in tasks]})
+
+
 def store_run(path: Path, cells, scenario: dict) -> Path:
     """A finished run directory holding ``cells`` ((record, rows) pairs) in order."""
-    fake = SimpleNamespace(seed=0, fingerprint=lambda: "fake", to_dict=lambda: scenario)
-    store, _ = RunStore.open_for(path, fake, f"name: {scenario['name']}\n", ["kvmap", "bench"])
+    parsed = scenario_of([record for record, _ in cells], scenario)
+    store, _ = RunStore.open_for(path, parsed, f"name: {scenario['name']}\n",
+                                 ["kvmap", "bench"])
     for ordinal, (record, rows) in enumerate(cells):
         store.write_cell(record, rows, ordinal)
     store.finalize()
@@ -148,12 +170,11 @@ def sweep_cells(kvs=None, failed: dict | None = None, model: str = "m",
                 tiers={"host": {"bytes_read": 0, "num_hits": 0}} if "tiers" in kv else {},
                 num_evicted_tokens=100 if "snapkv" in kv else None)
             record = _record(cell_id, kv, "workload", metrics, workload="chat")
-            record.update(model=model,
-                          load={"label": f"closed:{level:g}", "kind": "closed", "value": level})
+            record.model = model
+            record.load = {"label": f"closed:{level:g}", "kind": "closed", "value": level}
             if level in failed.get(kv, ()):
-                record.update(status="failed", error="TimeoutError: level timed out",
-                              metrics={})
-                rows = []
+                record.status, record.error = "failed", "TimeoutError: level timed out"
+                record.metrics, rows = {}, []
             out.append((record, rows))
     return out
 

@@ -93,12 +93,12 @@ def test_parse_percent():
 
 
 def test_a_configuration_whose_cells_all_failed(app, fake_run):
-    from kvmap.bench.store import RunStore
+    from kvmap.runs.record import CellRecord
+    from kvmap.runs.store import RunStore
     store = RunStore(fake_run)
-    record = {"cell_id": "int4-chat", "kind": "workload", "model": "m", "dtype": "bf16",
-              "kv": "int4", "workload": "chat", "task": None, "status": "failed",
-              "error": "RuntimeError: out of memory", "metrics": {"peak_rss_bytes": 1},
-              "details": {}}
+    record = CellRecord(cell_id="int4-chat", kind="workload", model="m", dtype="bf16",
+                        kv="int4", workload="chat", status="failed",
+                        error="RuntimeError: out of memory", metrics={"peak_rss_bytes": 1})
     store.write_cell(record, [], 99)
     store.finalize()
     result = invoke(app, "report", fake_run)
@@ -112,20 +112,14 @@ def test_a_configuration_whose_cells_all_failed(app, fake_run):
 def test_a_run_with_tasks_only(app, tmp_path, status):
     """No workload cell (a task-only scenario, or every cell failed): the map still draws
     (its speed panel empty) and the command succeeds."""
-    from types import SimpleNamespace
-    from kvmap.bench.store import RunStore
-    from tests.report.conftest import _tasks
-    scenario = SimpleNamespace(seed=0, fingerprint=lambda: "fake",
-                               to_dict=lambda: {"name": "tasks", "engine": {}})
-    run = tmp_path / "run"
-    store, _ = RunStore.open_for(run, scenario, "name: tasks\n", ["kvmap", "bench"])
+    from tests.report.conftest import _tasks, store_run
     records = _tasks("bf16", 0.0, [1, 1, 1, 1], 1 << 20) + _tasks("int8", 0.5, [1, 0, 1, 1],
                                                                    1 << 19)
-    for ordinal, record in enumerate(records):
+    for record in records:
         if status == "failed":
-            record.update(status="failed", error="ValueError: no tokenizer", metrics={})
-        store.write_cell(record, [], ordinal)
-    store.finalize()
+            record.fail("ValueError: no tokenizer")
+            record.metrics = {}
+    run = store_run(tmp_path / "run", [(r, []) for r in records], {"name": "tasks"})
     result = invoke(app, "report", run)
     assert result.exit_code == 0, result.output
     html = (run / "report.html").read_text()

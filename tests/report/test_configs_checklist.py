@@ -6,7 +6,7 @@ import pytest
 from kvmap.report.analysis import analyze
 from kvmap.report.configs import is_good, measure_key, summarize
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 
 
 def row(ttft, times, failed=False):
@@ -78,10 +78,12 @@ def test_load_run_refuses_a_directory_that_is_not_a_run(tmp_path):
 
 
 def test_a_needle_workload_counts_as_an_accuracy_task():
+    from kvmap.runs.record import CellRecord
+
     def cell(kv, accuracy):
-        return {"cell_id": f"{kv}-lc", "model": "m", "dtype": "bf16", "kv": kv,
-                "workload": "lc", "task": None, "status": "ok",
-                "metrics": {"needle_accuracy": accuracy, "num_requests": 2}}
+        return CellRecord(cell_id=f"{kv}-lc", kind="workload", model="m", dtype="bf16", kv=kv,
+                          workload="lc",
+                          metrics={"needle_accuracy": accuracy, "num_requests": 2})
 
     def rows(kv, correct):
         return [{"cell_id": f"{kv}-lc", "request_id": f"q{i}", "correct": ok,

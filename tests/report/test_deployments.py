@@ -6,7 +6,7 @@ from kvmap.metrics import aggregate
 from kvmap.report.analysis import analyze
 from kvmap.report.deployments import deployment_cells
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from tests.report.conftest import (SWEEP_SLO, _record, level_rows, store_run,
                                    sweep_cells)
 
@@ -88,8 +88,8 @@ def test_a_workload_slo_names_a_bad_metric_before_anything_runs():
 
 def test_deployment_cells_keep_only_the_configurations_that_ran_it(tmp_path):
     cells = load_run(two_deployments(tmp_path)).cells
-    assert {c["kv"] for c in deployment_cells(cells, "long")} == set(LONG)
-    assert {c["kv"] for c in deployment_cells(cells, "chat")} == {"bf16", "int8",
+    assert {c.kv for c in deployment_cells(cells, "long")} == set(LONG)
+    assert {c.kv for c in deployment_cells(cells, "chat")} == {"bf16", "int8",
                                                                   "tiers(host=64MiB)"}
 
 
@@ -117,5 +117,6 @@ def test_one_workload_with_its_own_sla_is_held_to_it(tmp_path):
 
 def test_a_block_size_sweep_is_one_deployment():
     from kvmap.report.deployments import workload_names
-    cells = [{"workload": w} for w in ("frag@bs8", "frag@bs16", "long", "frag@bs32")]
+    cells = [_record(f"c-{w}", "bf16", "workload", {}, workload=w)
+             for w in ("frag@bs8", "frag@bs16", "long", "frag@bs32")]
     assert workload_names(cells) == ["frag@bs8", "long"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvmap.runs.record import CellRecord
 from kvmap.report.fragmentation import (HEADERS, formatted, fragmentation_rows,
                                         fragmentation_table)
 
@@ -15,9 +16,9 @@ def cell(kv, workload, block_size, tput, tbt_p50_s, waste_max, waste_mean, share
                "kv_waste_share_mean": share}
     if record_size:
         metrics["kv_block_size"] = block_size
-    return {"cell_id": f"{kv}-{workload}-{load}", "kind": "workload", "model": model,
-            "kv": kv, "dtype": "bf16", "workload": workload, "status": status,
-            "load": {"label": load, "value": 1.0} if load else None, "metrics": metrics}
+    return CellRecord(cell_id=f"{kv}-{workload}-{load}", kind="workload", model=model,
+                      kv=kv, dtype="bf16", workload=workload, status=status,
+                      load={"label": load, "value": 1.0} if load else None, metrics=metrics)
 
 
 def test_rows_group_by_configuration_and_level_relative_to_16():
@@ -78,8 +79,8 @@ def test_the_report_shows_the_table_in_the_terminal_and_the_html(tmp_path):
     sweep = []
     for size, gap_s in ((8, 0.06), (16, 0.05)):
         record, rows = _workload("bf16", gap_s, 0.2, 40 << 20, 1000, 2.0)
-        record.update(cell_id=f"bf16-chat-bs{size}", workload=f"chat@bs{size}")
-        record["metrics"].update(kv_block_size=size, kv_waste_bytes_max=size * 1024,
+        record.cell_id, record.workload = f"bf16-chat-bs{size}", f"chat@bs{size}"
+        record.metrics.update(kv_block_size=size, kv_waste_bytes_max=size * 1024,
                                  kv_waste_bytes_mean=size * 512, kv_waste_share_mean=0.01)
         sweep.append((record, rows))
     run = store_run(tmp_path / "run", sweep, {"name": "frag", "slo": {"ttft_p99_s": 5.0}})

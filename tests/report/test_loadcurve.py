@@ -74,7 +74,7 @@ def test_a_failed_level_in_a_stored_run(tmp_path):
 
 def test_cells_without_a_load_are_single_level_workloads():
     cells = [record for record, _ in sweep_cells(["bf16"])][:1]
-    cells[0]["load"] = None
+    cells[0].load = None
     (s,) = summarize(cells, {}, SLO)
     assert s.capacity is None and not s.curves
 

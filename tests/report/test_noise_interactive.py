@@ -86,11 +86,11 @@ def test_a_failed_level_is_a_gap_in_the_drawn_curve(tmp_path):
 def _bound(cells, running: dict[str, int]):
     """Every configuration fills the same 64 MiB pool at its top level (memory binds)
     and holds ``running[kv]`` sequences there."""
-    top = max(c[0]["load"]["value"] for c in cells)
+    top = max(c[0].load["value"] for c in cells)
     for record, _ in cells:
-        if record["load"]["value"] == top:
-            record["metrics"].update(peak_kv_resident_bytes=64 << 20, num_pool_full_steps=7,
-                                     concurrency_max=running[record["kv"]])
+        if record.load["value"] == top:
+            record.metrics.update(peak_kv_resident_bytes=64 << 20, num_pool_full_steps=7,
+                                  concurrency_max=running[record.kv])
     return cells
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kvmap.report.configs import ConfigSummary
-from kvmap.report.recommend import Constraints, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import recommend
 
 MIB = 1024 * 1024
 SLO = {"tbt_p99_s": 0.150, "ttft_p99_s": 2.0}

@@ -61,13 +61,14 @@ def _task_cells(kv, model="m", correct=None, lengths=None):
         acc = sum(correct.values()) / len(correct)
         cells.append((_record(f"{model}-{kv}-passkey", kv, "task",
                               {"accuracy": acc, "num_samples": len(per)}, task="passkey",
-                              details={"per_sample": per}), []))
+                              details={"per_sample": per}, task_kind="accuracy"), []))
     if lengths is not None:
         per = gen(lengths, [0.1 * n for n in lengths])
         cells.append((_record(f"{model}-{kv}-gen", kv, "task", {"mean_output_tokens": 1.0},
-                              task="generation", details={"per_sample": per}), []))
+                              task="generation", details={"per_sample": per},
+                              task_kind="generation"), []))
     for record, _ in cells:
-        record["model"] = model
+        record.model = model
     return cells
 
 

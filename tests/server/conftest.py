@@ -54,9 +54,15 @@ class RunningServer:
 
 
 def start_server(**options) -> RunningServer:
+    """``options``: ``EngineArgs`` fields and ``build_server``'s own keywords."""
+    from dataclasses import fields
+
+    from kvmap.config import EngineArgs
     from kvmap.server.command import build_server
     kwargs = {**TINY, **options}
-    app, loop = build_server(kwargs.pop("model"), kwargs.pop("kv"), **kwargs)
+    engine = EngineArgs(**{f.name: kwargs.pop(f.name) for f in fields(EngineArgs)
+                           if f.name in kwargs})
+    app, loop = build_server(engine, **kwargs)
     return RunningServer(app, loop)
 
 

@@ -87,7 +87,8 @@ def test_kv_spec_is_shown_without_credentials():
     from kvmap.server.engines import make_engine_factory
     from kvmap.server.metrics import ServerMetrics
     first, factory = make_engine_factory(EngineArgs(
-        model="dummy:tiny", dtype="fp32", num_blocks=64, block_size=4, device="cpu"), "fp32")
+        model="dummy:tiny", dtype="fp32", kv="fp32", num_blocks=64, block_size=4,
+        device="cpu"))
     metrics = ServerMetrics("tiny", 512)
     EngineLoop(factory, spec, metrics, first_engine=first)     # the label it sets
     text = metrics.render().decode()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from kvmap.bench.backends import LocalBackend
-from kvmap.bench.record import CellRecord
+from kvmap.runs.record import CellRecord
 from kvmap.kv.grammar import parse
 
 CODEC_DROP = {"bf16": 0.0, "int8": 0.4, "int4": 1.6}
@@ -60,7 +60,7 @@ class StubRunner:
             if self.screen_ci_pct and cell.task.name.endswith("-screen"):
                 half = self.screen_ci_pct / 100
                 metrics["ppl_delta_rel_ci95"] = [drop / 100 - half, drop / 100 + half]
-            return CellRecord.of_cell(cell, metrics=metrics).to_dict(), []
+            return CellRecord.of_cell(cell, metrics=metrics), []
         rate = 1e8 / peak
         rows = [{"cell_id": cell.cell_id, "model": cell.model.name, "kv": cell.kv,
                  "workload": cell.job, "request_id": f"r{i}", "arrival_s": 0.0,
@@ -73,7 +73,7 @@ class StubRunner:
                    "output_throughput_windows_tok_s": [rate * (1 + 0.01 * (i % 2))
                                                        for i in range(10)],
                    "ttft_s": {"p50": self.ttft_s, "p99": self.ttft_s}}
-        return CellRecord.of_cell(cell, metrics=metrics).to_dict(), rows
+        return CellRecord.of_cell(cell, metrics=metrics), rows
 
     def backend(self) -> LocalBackend:
         return LocalBackend(self)

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from kvmap.tune.run import run_tune
 from kvmap.tune.setup import TuneSetup, parse_workload
 from kvmap.tune.space import PolicyAxis, TuneSpace, load_space, space_from_dict

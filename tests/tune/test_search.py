@@ -8,7 +8,7 @@ from rich.console import Console
 from kvmap.bench.runner import run_scenario
 from kvmap.report.analysis import analyze
 from kvmap.report.loader import load_run
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from kvmap.tune.path import read_path
 from kvmap.tune.run import run_tune
 from kvmap.tune.setup import TuneSetup, build_scenario
@@ -99,9 +99,9 @@ def test_the_run_directory_is_an_ordinary_run_with_its_path(tmp_path, stub):
     result = _tune(tmp_path, stub)
     run = load_run(tmp_path / "tune")
     screens = load_run(tmp_path / "tune" / "screens")    # an ordinary run too
-    assert {c["cell_id"] for c in run.cells} == {c.cell_id for c in stub.ran
+    assert {c.cell_id for c in run.cells} == {c.cell_id for c in stub.ran
                                                  if c.job != "ppl-screen"}
-    assert {c["cell_id"] for c in screens.cells} == {c.cell_id for c in stub.ran
+    assert {c.cell_id for c in screens.cells} == {c.cell_id for c in stub.ran
                                                      if c.job == "ppl-screen"}
     assert analyze(run, BUDGET, "memory").recommendation.choice == result.recommendation.choice
     path = read_path(tmp_path / "tune")

@@ -1,5 +1,5 @@
 """The bench backends by name: importing this module registers every one in
-``BENCH_BACKENDS`` (``backend.py``), and ``make_backend(name, address)`` builds one.
+``BENCH_BACKENDS`` (``cell_backend.py``), and ``make_backend(name, address)`` builds one.
 
 - ``local`` (the default, ``local_backend.py``): one cell at a time, each in its own
   process on this machine;
@@ -11,7 +11,7 @@ A new backend is one module with a ``@BENCH_BACKENDS.register`` class, imported 
 from __future__ import annotations
 
 from kvmap.bench import local_backend, ray_backend  # noqa: F401  (they register)
-from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.local_backend import LocalBackend, run_cell_process
 
 __all__ = ["BENCH_BACKENDS", "CellBackend", "CellResult", "FractionCallback",

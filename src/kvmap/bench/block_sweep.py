@@ -9,7 +9,7 @@ scenario's engine with that block size; a load sweep inside it multiplies as usu
     -> cells  frag@bs8, frag@bs16, frag@bs32   (per KV configuration)
 
 The report's fragmentation table (``kvmap.report.fragmentation``) groups them back by
-``base_name`` and the record's ``kv_block_size``. A bare integer is one block size (the
+``base_name`` (``kvmap.runs.names``) and the record's ``kv_block_size``. A bare integer is one block size (the
 entry keeps its name). Bad input, reported with every other problem before any cell
 runs: a non-positive, non-integer or non-increasing list (here), a block size that does
 not divide a model's context or leaves the pool without one block (``check_block_size``).
@@ -19,17 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 BLOCK_SIZE_KEY = "block_size"
-_SUFFIX = "@bs"
-
-
-def sweep_name(name: str, block_size: int) -> str:
-    return f"{name}{_SUFFIX}{block_size}"
-
-
-def base_name(workload: str) -> str:
-    """``frag@bs16`` -> ``frag``; a name without the suffix is its own base."""
-    head, sep, tail = workload.rpartition(_SUFFIX)
-    return head if sep and tail.isdigit() else workload
 
 
 def parse_block_sizes(raw: Any, where: str, problems) -> list[int] | None:

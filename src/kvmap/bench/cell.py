@@ -5,7 +5,7 @@ one task -- run in its own process so that its peak memory is its own.
 
 reads a ``CellSpec`` (``kvmap.bench.cellspec``), runs it, and writes
 ``{"record": {...}, "rows": [...]}`` to RESULT.json (atomically). ``record`` is the
-``CellRecord`` (``kvmap.bench.record``; ``docs/bench.md`` lists every field), ``rows`` the
+``CellRecord`` (``kvmap.runs.record``; ``docs/bench.md`` lists every field), ``rows`` the
 per-request rows of a workload cell. A failure inside the cell is not a crash: the
 record says ``"status": "failed"`` with the error and its traceback, and the process
 exits 0. Progress goes to stdout as ``PROGRESS_PREFIX {"fraction": f}`` lines.
@@ -26,12 +26,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from kvmap.bench.cell_process import PROGRESS_PREFIX
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_spec import EndpointUnavailable
-from kvmap.bench.record import (PROGRESS_PREFIX, RECORD_SCHEMA, CellRecord, load_avg,
-                                machine_env, peak_rss_bytes)
+from kvmap.hardware.process import load_avg, machine_env, peak_rss_bytes
+from kvmap.jsonable import jsonable
+from kvmap.runs.record import CellRecord
 
-__all__ = ["PROGRESS_PREFIX", "RECORD_SCHEMA", "main", "run_cell"]
+__all__ = ["main", "run_cell"]
 
 
 def make_llm(cell: CellSpec, kv: str | None = None):
@@ -59,7 +61,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
                                               throughput_windows, tier_metrics)
     from kvmap.bench.timeseries import TimeSeriesSampler
     from kvmap.model.byte_tokenizer import ByteTokenizer
-    from kvmap.evals.ppl import track_peak_kv_bytes
+    from kvmap.evals.kv_peak import track_peak_kv_bytes
     from kvmap.metrics import aggregate
     from kvmap.workloads import build_requests
     t_load = time.perf_counter()
@@ -97,7 +99,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
 def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, dict]:
     """``(metrics, details)`` of an accuracy-task cell."""
     from kvmap.bench.tasks import eval_options, resolve_task
-    from kvmap.evals.ppl import track_peak_kv_bytes
+    from kvmap.evals.kv_peak import track_peak_kv_bytes
     task = cell.task
     fn = resolve_task(task.task)
     t_load = time.perf_counter()
@@ -140,7 +142,6 @@ def run_task(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dict, d
 def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
              ) -> tuple[dict, list[dict]]:
     """Run one cell in this process: ``(record, rows)``; never raises for a cell error."""
-    from kvmap.bench.record import jsonable
     record = CellRecord.of_cell(cell)
     rows: list[dict] = []
     t0 = time.perf_counter()
@@ -163,6 +164,12 @@ def run_cell(cell: CellSpec, progress: Callable[[float], None] = lambda f: None
         except Exception as e:  # noqa: BLE001 -- a failed cell is a result, not a crash
             record.fail(f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
             rows = []
+    if cell.task is not None:
+        from kvmap.bench.tasks import task_kind
+        try:
+            record.task_kind = task_kind(cell.task.task, record.metrics, record.details)
+        except ValueError:      # a task that does not resolve: the cell failed on it
+            pass
     record.warnings = list(dict.fromkeys(
         f"{w.category.__name__}: {w.message}" for w in caught))[:20]
     warning = tier_error_warning(record.metrics)

@@ -27,16 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
-from kvmap.bench.record import PROGRESS_PREFIX, CellRecord
 from kvmap.kv.redact import redact_spec
+from kvmap.runs.record import CellRecord
 
 OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner
+PROGRESS_PREFIX = "@@kvmap-progress"   # a child's progress line: PREFIX {"fraction": f}
 
 
-def failed_record(cell: CellSpec, error: str, duration_s: float) -> dict:
+def failed_record(cell: CellSpec, error: str, duration_s: float) -> CellRecord:
     """The record of a cell that produced none of its own (crash, timeout, lost worker)."""
-    return CellRecord.of_cell(cell, status="failed", error=error,
-                              duration_s=duration_s).to_dict()
+    return CellRecord.of_cell(cell, status="failed", error=error, duration_s=duration_s)
 
 
 CELL_WAIT_POLICY_ENV = "KVMAP_CELL_OMP_WAIT_POLICY"
@@ -118,7 +118,7 @@ def sweep_after_kill(kv_spec: str) -> None:
 
 def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                         on_fraction: Callable[[float], None] = lambda f: None,
-                        python: str = sys.executable) -> tuple[dict, list[dict]]:
+                        python: str = sys.executable) -> tuple[CellRecord, list[dict]]:
     """Run one cell in a child process; ``(record, rows)`` (see the module docstring).
 
     ``work_dir`` holds the cell's input and result files while it runs; the child's
@@ -181,7 +181,7 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
     if proc.returncode == 0 and result_path.is_file():
         result = json.loads(result_path.read_text())
         result_path.unlink()
-        return result["record"], result["rows"]
+        return CellRecord.from_dict(result["record"]), result["rows"]
     tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:]).strip()
     return failed_record(cell, f"cell process exited with code {proc.returncode}"
                                f"{': ' + tail if tail else ''}", duration_s), []

@@ -12,17 +12,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvmap.bench.endpoint_spec import EndpointEntry
-from kvmap.bench.block_sweep import base_name
 from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_obj, redact_spec
 from kvmap.model.dummy import DUMMY_PREFIX
+from kvmap.runs.names import base_name
 from kvmap.workloads.options import workload_spec
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0     # a cell that hangs must not hang the run
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot run; the message lists every problem found."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The ``kvmap bench`` command: ``register(app)`` adds it to a Typer app.
+"""The ``kvmap bench`` command: ``register(app, tradeoff_map)`` adds it to a Typer app.
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
                 [--backend local|ray] [--address ADDR]
@@ -10,15 +10,36 @@ SCENARIO, ``--quick`` shrinks its workloads. ``--out`` names the run directory; 
 the directory of an interrupted run of the same scenario resumes it. A bad scenario exits
 with code 2 before any cell runs, listing every problem; a run with failed cells exits 1
 after storing and printing everything; Ctrl-C exits 130 and says how to resume.
+
+The trade-off map is the report's: the CLI hands it in (``register(app, tradeoff_map=
+kvmap.report.command.bench_tradeoff_map)``), so the bench imports nothing of the
+report, which sits above it.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 import typer
 from rich.console import Console
+
+from kvmap.cli_errors import fail
+
+
+class TradeoffMap(Protocol):
+    """A stored run's trade-off map, as the report draws it."""
+
+    report_path: Path
+    recommendation: dict          # the recommendation for the scenario's SLA, as JSON
+
+    def summary(self): ...        # what the terminal prints (a rich renderable)
+
+
+# (run directory, console for errors) -> its map, or None after saying why it failed
+MapMaker = Callable[[Path, Console], Optional[TradeoffMap]]
+_tradeoff_map: MapMaker | None = None      # set by register()
 
 
 def bench(
@@ -52,8 +73,7 @@ def bench(
     try:
         parsed = load_scenario(scenario, quick=quick)
     except ValueError as e:
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(redact_spec(str(e)))
     for note in parsed.notes:
         err.print(f"note: {escape(redact_spec(note))}")
     run_dir = out or default_run_dir(parsed)
@@ -66,53 +86,39 @@ def bench(
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address, retry_failed=retry_failed)
     except ValueError as e:
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(redact_spec(str(e)))
     except KeyboardInterrupt:
         err.print(escape(f"\ninterrupted; resume with: kvmap bench "
                   f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"
                   f"{' --backend ' + backend if backend != 'local' else ''}"
                   f"{' --address ' + address if address else ''}"))
         raise typer.Exit(code=130) from None
-    analysis, report_path = _tradeoff_map(result.run_dir, err)
+    tradeoff = _tradeoff_map(result.run_dir, err) if _tradeoff_map is not None else None
+    report_path = tradeoff.report_path if tradeoff is not None else None
     if as_json:
         typer.echo(json.dumps({"run_dir": str(result.run_dir),
                                "report": str(report_path) if report_path else None,
-                               "recommendation": analysis.recommendation.to_dict()
-                               if analysis else None,
+                               "recommendation": tradeoff.recommendation
+                               if tradeoff else None,
                                "cells": cell_rows(result.cells)}, default=str))
     else:
         out_console = Console()
         if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
             out_console = Console(width=200)
         out_console.print(summary_table(result.cells, title=f"kvmap bench: {parsed.name}"))
-        if analysis is not None:
-            from kvmap.report.terminal import summary
-            out_console.print(summary(analysis))
+        if tradeoff is not None:
+            out_console.print(tradeoff.summary())
         typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
                    f"{result.num_skipped} resumed, {result.num_failed} failed, "
                    f"{result.duration_s:.0f} s)")
         if report_path is not None:
             typer.echo(f"trade-off map: {report_path}")
-    if result.num_failed or analysis is None:
+    if result.num_failed or tradeoff is None:
         raise typer.Exit(code=1)
 
 
-def _tradeoff_map(run_dir: Path, err: Console):
-    """The run's trade-off map (``kvmap report`` with the scenario's SLA): the analysis and
-    the path of ``report.html``, or ``(None, None)`` after saying why it failed."""
-    from kvmap.report.analysis import analyze
-    from kvmap.report.html import write_report
-    from kvmap.report.loader import load_run
-    try:
-        analysis = analyze(load_run(run_dir))
-        return analysis, write_report(analysis)
-    except Exception as e:  # noqa: BLE001 -- the run is stored; say so and exit 1
-        err.print(escape(redact_spec(f"error: the trade-off map failed ({type(e).__name__}: "
-                                     f"{e}); the run is stored, retry with: kvmap report "
-                                     f"{run_dir}")))
-        return None, None
-
-
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, tradeoff_map: MapMaker) -> None:
+    """Add ``kvmap bench``; its run ends in ``tradeoff_map`` of the run directory."""
+    global _tradeoff_map
+    _tradeoff_map = tradeoff_map
     app.command("bench")(bench)

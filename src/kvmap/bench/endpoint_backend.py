@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from kvmap.bench.backend import CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_launch import EndpointLaunchError, Launched, launched
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 
 class EndpointBackend(CellBackend):

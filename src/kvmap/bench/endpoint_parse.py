@@ -11,8 +11,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvmap.bench.endpoint_spec import (DEFAULT_STARTUP_TIMEOUT_S, ENDPOINT_KEYS, HOSTS_ENV,
-                                       PLACEHOLDERS, EndpointEntry, is_loopback,
-                                       placeholder_values, user_hosts)
+                                       PLACEHOLDERS, EndpointEntry, placeholder_values,
+                                       user_hosts)
+from kvmap.hosts import is_loopback
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -21,7 +21,6 @@ is refused, ``api_key_env`` names the variable (checked set before any cell runs
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass
 
@@ -71,18 +70,6 @@ class EndpointEntry:
     def with_port(self, port: int) -> EndpointEntry:
         from dataclasses import replace
         return replace(self, url=self.url.replace("{port}", str(port)))
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback address (``127.0.0.0/8``, ``[::1]``); the one check
-    the bench's endpoints and ``kvmap serve``'s bind share."""
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def user_hosts() -> set[str]:

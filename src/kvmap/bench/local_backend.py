@@ -7,14 +7,15 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 
-from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 
 def run_cell_process(cell: CellSpec, store: RunStore, on_fraction=lambda f: None,
-                     python: str | None = None) -> tuple[dict, list[dict]]:
+                     python: str | None = None) -> tuple[CellRecord, list[dict]]:
     """One cell in a child process, its files in ``store``'s ``.work/`` and its log in
     ``store``'s ``logs/``; ``(record, rows)``."""
     kwargs = {"python": python} if python else {}
@@ -26,7 +27,7 @@ def run_cell_process(cell: CellSpec, store: RunStore, on_fraction=lambda f: None
 class LocalBackend(CellBackend):
     """One cell at a time, each in its own process on this machine.
 
-    ``run_cell(cell, store, on_fraction) -> (record, rows)`` runs one cell (default:
+    ``run_cell(cell, store, on_fraction) -> (CellRecord, rows)`` runs one cell (default:
     ``run_cell_process``); an exception from it is stored as the cell's failure."""
 
     name = "local"

@@ -36,10 +36,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvmap.bench.backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import BENCH_BACKENDS, CellBackend, CellResult, FractionCallback
 from kvmap.bench.cell_process import failed_record, run_cell_subprocess
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 
 INSTALL_HINT = "pip install 'kvmap[ray]'"
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20   # results are JSON-sized; Ray's minimum is 75 MiB
@@ -95,6 +96,7 @@ def run_cell_task(cell_dict: dict) -> dict:
     with _cancellable(), tempfile.TemporaryDirectory(prefix="kvmap-cell-") as tmp:
         log_path = Path(tmp) / "cell.log"
         record, rows = run_cell_subprocess(cell, Path(tmp), log_path)
+        record = record.to_dict()            # JSON over the wire, typed again below
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
     return {"record": record, "rows": rows, "log": log, "node": platform.node()}
 
@@ -244,7 +246,8 @@ class RayBackend(CellBackend):
                             cell, f"the Ray task failed: {type(e).__name__}: {e}",
                             time.perf_counter() - t0), [])
                         continue
-                    yield CellResult(ordinal, cell, out["record"], out["rows"],
+                    yield CellResult(ordinal, cell, CellRecord.from_dict(out["record"]),
+                                     out["rows"],
                                      node=out["node"], log=out["log"])
         finally:
             if pending:

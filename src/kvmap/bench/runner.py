@@ -34,8 +34,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.endpoint_backend import with_endpoints
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
-from kvmap.bench.store import RunLock, RunStore
+from kvmap.runs.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
 from kvmap.bench.timeseries import write_timeseries
 
@@ -43,7 +44,7 @@ from kvmap.bench.timeseries import write_timeseries
 @dataclass
 class RunResult:
     run_dir: Path
-    cells: list[dict]             # every stored record, in scenario order
+    cells: list[CellRecord]       # every stored record, in scenario order
     num_ran: int
     num_skipped: int
     num_failed: int               # among all stored cells ("unavailable" is not failed)
@@ -148,8 +149,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                console: Console, retry_failed: bool, show_progress: bool,
                command: list[str] | None, t_start: float, settings=None) -> RunResult:
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
-    stored = {c["cell_id"]: c for c in store.cells()}
-    skip = {cid for cid, c in stored.items() if c["status"] == "ok" or not retry_failed}
+    stored = {c.cell_id: c for c in store.cells()}
+    skip = {cid for cid, c in stored.items() if c.ok or not retry_failed}
     eta = _Eta(cells, backend.parallelism)
     for cell in cells:
         if cell.cell_id in skip:
@@ -187,28 +188,28 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
             for n, result in enumerate(backend.run(todo, store, on_fraction), start=1):
                 cell, record, rows = result.cell, result.record, result.rows
                 if result.node is not None:
-                    record.setdefault("env", {}).update(backend=backend.name,
-                                                        node=result.node)
+                    record.env = {**(record.env or {}), "backend": backend.name,
+                                  "node": result.node}
                 if result.log is not None:
                     store.write_log(cell.cell_id, result.log)
                 write_timeseries(store.dir, record)     # the series goes beside the rows
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
                 t_cell = started.pop(cell.cell_id, t_run)
-                eta.finished(cell, record.get("duration_s") or time.perf_counter() - t_cell)
+                eta.finished(cell, record.duration_s or time.perf_counter() - t_cell)
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
                 mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
-                    record["status"], "[red]FAILED[/]")
+                    record.status, "[red]FAILED[/]")
                 remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an
                 # error message must not crash the run after the cell was stored
                 console.print(f"[{len(cells) - len(todo) + n}/{len(cells)}] {mark} "
                               f"{escape(cell.model.name)} | {escape(_label(cell))} "
-                              f"({_fmt_s(record.get('duration_s'))}{escape(where)}"
+                              f"({_fmt_s(record.duration_s)}{escape(where)}"
                               f"{remaining})")
-                if record["status"] != "ok":
-                    error = redact_spec(str(record["error"]) or "?").splitlines()[0][:300]
+                if not record.ok:
+                    error = redact_spec(str(record.error) or "?").splitlines()[0][:300]
                     console.print(f"    [red]{escape(error)}[/]"
                                   f"  (log: {escape(str(store.log_path(cell.cell_id)))})")
             progress.update(current, visible=False)
@@ -222,7 +223,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
     records = store.cells()
     return RunResult(run_dir=run_dir, cells=records, num_ran=num_ran,
                      num_skipped=len(cells) - len(todo),
-                     num_failed=sum(c["status"] == "failed" for c in records), resumed=resumed,
+                     num_failed=sum(c.status == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
 
 

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import yaml
 
-from kvmap.bench.cellspec import (CellSpec, ModelEntry, Scenario, ScenarioError,
-                                  TaskEntry, WorkloadEntry)
+from kvmap.bench.cellspec import CellSpec, ModelEntry, Scenario, TaskEntry, WorkloadEntry
 from kvmap.bench.scenario_parse import TOP_KEYS, parse_scenario
+from kvmap.cli_errors import ScenarioError
 from kvmap.workloads.options import upper_tokens
 
 BUILTIN_SCENARIOS = ("default", "quick")

@@ -12,16 +12,18 @@ from typing import Any
 
 import torch
 
-from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes, sweep_name
-from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
-                                  ScenarioError, TaskEntry, WorkloadEntry)
+from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes
+from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario, TaskEntry,
+                                  WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
                                         reserved_names)
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
-from kvmap.config import EngineArgs, parse_kv_memory
+from kvmap.bench.scenario_fields import (Problems, as_tuple, is_int, parse_kv,
+                                         parse_slo_section, unknown_keys)
+from kvmap.config import DEFAULT_KV_MEMORY, EngineArgs, parse_kv_memory
 from kvmap.hardware import resolve_dtype
-from kvmap.metrics import normalize_slo, parse_slo
 from kvmap.model.wquant import QUANTIZATIONS
+from kvmap.runs.names import sweep_name
 from kvmap.workloads.options import WORKLOAD_KEYS, load_levels, workload_spec
 
 TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads", "tasks",
@@ -36,34 +38,18 @@ TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
 
-class Problems:
-    """Collects every problem with the key it is about, then raises them together."""
-
-    def __init__(self, source: str):
-        self.source, self.items = source, []
-
-    def add(self, where: str, message: str) -> None:
-        self.items.append(f"{where}: {message}")
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            lines = "\n".join(f"  - {item}" for item in self.items)
-            raise ScenarioError(f"scenario {self.source}: {len(self.items)} problem(s), "
-                                f"nothing was run:\n{lines}")
-
-
 def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None
                    ) -> Scenario:
     """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems."""
     base_dir = base_dir or Path.cwd()
     problems, notes = Problems(source), []
-    _unknown_keys(data, TOP_KEYS, "", problems)
+    unknown_keys(data, TOP_KEYS, "", problems)
     skip = data.get("skip_unavailable", False)
     if not isinstance(skip, bool):
         problems.add("skip_unavailable", f"{skip!r} must be true or false")
         skip = False
     seed = data.get("seed", 0)
-    if not _is_int(seed) or seed < 0:
+    if not is_int(seed) or seed < 0:
         problems.add("seed", f"{seed!r} must be an integer >= 0")
         seed = 0
     timeout_s = data.get("cell_timeout_s", DEFAULT_CELL_TIMEOUT_S)
@@ -82,7 +68,7 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     workloads = _check_job_models(workloads, models, "workloads", problems)
     tasks = _check_job_models(_parse_tasks(data.get("tasks") or [], problems, notes, skip,
                                            base_dir, endpoints), models, "tasks", problems)
-    slo = _parse_slo(data.get("slo"), problems)
+    slo = parse_slo_section(data.get("slo"), problems)
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
     check_models(models, kv, engine, workloads, tasks, problems, seed)
@@ -121,17 +107,6 @@ def _parse_memory_limit(raw: Any, problems: Problems) -> int | None:
     return limit
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _unknown_keys(mapping: dict, allowed: set[str], where: str, problems: Problems) -> None:
-    for key in mapping:
-        if key not in allowed:
-            problems.add(f"{where}{key}" if not where else f"{where}.{key}",
-                         f"unknown key {key!r}; valid keys: {', '.join(sorted(allowed))}")
-
-
 def _parse_models(raw: Any, problems: Problems, base_dir: Path, engine: EngineArgs
                   ) -> list[ModelEntry]:
     device = engine.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -148,7 +123,7 @@ def _parse_models(raw: Any, problems: Problems, base_dir: Path, engine: EngineAr
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             problems.add(where, f"{item!r} must be a model name or {{name, dtype}}")
             continue
-        _unknown_keys(item, MODEL_KEYS, where, problems)
+        unknown_keys(item, MODEL_KEYS, where, problems)
         try:       # "auto" (the default): this machine's fastest exact dtype
             dtype = resolve_dtype(item.get("dtype", "auto"), device)
         except ValueError as e:
@@ -172,59 +147,22 @@ def _parse_engine(raw: Any, problems: Problems) -> EngineArgs:
     if not isinstance(raw, dict):
         problems.add("engine", f"{raw!r} must be a mapping")
         return EngineArgs()
-    _unknown_keys(raw, ENGINE_KEYS, "engine", problems)
+    unknown_keys(raw, ENGINE_KEYS, "engine", problems)
     fields = {k: v for k, v in raw.items() if k in ENGINE_KEYS}
     try:
-        parse_kv_memory(fields.get("kv_memory", "256MiB"))
+        parse_kv_memory(fields.get("kv_memory", DEFAULT_KV_MEMORY))
     except ValueError as e:
         problems.add("engine.kv_memory", str(e))
         fields.pop("kv_memory")
     for key in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_threads"):
         value = fields.get(key, 1)           # num_threads may be null: torch's default
-        if not (_is_int(value) and value >= 1) and not (key == "num_threads" and value is None):
+        if not (is_int(value) and value >= 1) and not (key == "num_threads" and value is None):
             problems.add(f"engine.{key}", f"{value!r} must be an integer >= 1")
             fields.pop(key)
     if not isinstance(fields.get("enable_prefix_caching", True), bool):
         problems.add("engine.enable_prefix_caching",
                      f"{fields.pop('enable_prefix_caching')!r} must be true or false")
     return EngineArgs(**fields)
-
-
-def parse_kv(raw: Any, section: str, problems: Problems, notes: list[str], skip: bool
-             ) -> list[str]:
-    """A list of KV spec strings (``section`` names it in problems)."""
-    from kvmap.kv import grammar
-    from kvmap.kv.config import KVConfig, valid_names
-    if raw is None:
-        raw = ["auto"]
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list) or not raw:
-        problems.add(section, f"{raw!r} must be a non-empty list of KV spec strings")
-        return []
-    specs, known = [], set(valid_names())
-    for i, spec in enumerate(raw):
-        where = f"{section}[{i}]"
-        if not isinstance(spec, str):
-            problems.add(where, f"{spec!r} must be a KV spec string such as 'int8'")
-            continue
-        try:
-            missing = [p.name for p in grammar.parse(spec) if p.name not in known]
-            if missing and skip:
-                notes.append(f"skipped KV spec {spec!r}: {', '.join(missing)} not "
-                             "registered yet")
-                continue
-            KVConfig.parse(spec)
-        except ValueError as e:
-            problems.add(where, str(e))
-            continue
-        if spec.strip() in specs:
-            problems.add(where, f"KV spec {spec!r} is listed twice")
-            continue
-        specs.append(spec.strip())
-    if not specs and not problems.items:
-        problems.add(section, "no KV spec is available")
-    return specs
 
 
 def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set[str],
@@ -245,7 +183,7 @@ def _named_entries(raw: Any, section: str, noun: str, short_form: str, keys: set
             continue
         name = item["name"].strip()
         where = f"{section}[{i}] ({name})"
-        _unknown_keys(item, keys, where, problems)
+        unknown_keys(item, keys, where, problems)
         # one name twice only for disjoint models (the same job on another model entry,
         # e.g. quantized weights): the cells differ by model, the report draws them as one
         models = item.get("models")
@@ -289,7 +227,7 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         options = {k: v for k, v in item.items() if k in WORKLOAD_KEYS and k != "name"}
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
-        models = _as_tuple(item.get("models"))
+        models = as_tuple(item.get("models"))
         kv_memory = item.get("kv_memory")
         if kv_memory is not None:
             try:
@@ -297,7 +235,7 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             except ValueError as e:
                 problems.add(f"{where}.kv_memory", str(e))
                 continue
-        slo = _parse_slo(item.get("slo"), problems, f"{where}.slo")
+        slo = parse_slo_section(item.get("slo"), problems, f"{where}.slo")
         if not _resolve_files(options, where, base_dir, problems):
             continue
         try:
@@ -365,34 +303,6 @@ def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
             continue
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
-        entries.append(TaskEntry(name, task, dict(params), kv, _as_tuple(item.get("models")),
+        entries.append(TaskEntry(name, task, dict(params), kv, as_tuple(item.get("models")),
                                  parse_endpoint_filter(item, where, list(endpoints), problems)))
     return entries
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _parse_slo(raw: Any, problems: Problems, where: str = "slo") -> dict | None:
-    """The scenario's SLA, or a workload's own (``where`` names it in a problem)."""
-    if raw is None:
-        return None
-    try:
-        if isinstance(raw, str):
-            return parse_slo(raw)
-        if isinstance(raw, dict):
-            # {ttft_p99: 2s} or {ttft_p99_s: 2.0}: strings need a unit, numbers are seconds
-            text_items = [f"{k}={v}" for k, v in raw.items() if isinstance(v, str)]
-            slo = parse_slo(",".join(text_items)) if text_items else {}
-            numbers = {k: v for k, v in raw.items() if not isinstance(v, str)}
-            for key, value in normalize_slo(numbers).items():
-                if key in slo:
-                    raise ValueError(f"SLO key {key!r} is given twice")
-                slo[key] = value
-            return slo
-        raise ValueError(f"{raw!r} must be a string like 'ttft_p99=2s,tbt_p99=150ms' or a "
-                         "mapping")
-    except ValueError as e:
-        problems.add(where, str(e))
-        return None

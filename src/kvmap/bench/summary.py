@@ -5,23 +5,15 @@ per workload its output tokens/s, TTFT and TBT (P50/P99, ms) and, for needle wor
 the share answered right; per task its headline (perplexity and its change against the
 baseline for ``ppl``, accuracy for retrieval tasks). A failed cell shows ``failed``.
 
-Reads records only (``RunStore(run_dir).cells()``); computes nothing that is not there.
+Reads records only (``RunStore(run_dir).cells()``, ``CellRecord``s); computes nothing
+that is not there.
 """
 from __future__ import annotations
 
 from rich.table import Table
 
+from kvmap.runs.record import CellRecord
 from kvmap.config import format_bytes
-
-
-def cell_metric(record: dict, *keys):
-    """``record["metrics"][k1][k2]...``, or None where any level is missing."""
-    value = record.get("metrics") or {}
-    for key in keys:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
 
 
 def _ms(value) -> str:
@@ -34,13 +26,14 @@ def _pair_ms(summary) -> str:
     return f"{_ms(summary.get('p50'))}/{_ms(summary.get('p99'))}"
 
 
-def task_headline(metrics: dict) -> str:
-    """The one number a task cell is judged by, as text."""
-    if metrics.get("ppl") is not None:
+def task_headline(record: CellRecord) -> str:
+    """The one number a task cell is judged by (its ``task_kind``), as text."""
+    metrics = record.metrics
+    if record.task_kind == "ppl" and metrics.get("ppl") is not None:
         delta = metrics.get("ppl_delta_pct")
         tail = f" ({delta:+.1f}%)" if isinstance(delta, (int, float)) else ""
         return f"{metrics['ppl']:.2f}{tail}"
-    if metrics.get("accuracy") is not None:
+    if record.task_kind == "accuracy" and metrics.get("accuracy") is not None:
         n = metrics.get("n")
         return f"{metrics['accuracy']:.0%}" + (f" of {n}" if n else "")
     for key, value in metrics.items():
@@ -50,45 +43,45 @@ def task_headline(metrics: dict) -> str:
     return "ok"
 
 
-def _jobs(records: list[dict], field: str) -> list[str]:
-    return list(dict.fromkeys(r[field] for r in records if r.get(field)))
+def _jobs(records: list[CellRecord], field: str) -> list[str]:
+    return list(dict.fromkeys(getattr(r, field) for r in records if getattr(r, field)))
 
 
-def summary_rows(records: list[dict]) -> list[dict]:
+def summary_rows(records: list[CellRecord]) -> list[dict]:
     """One dict per (model, kv), columns as in the table (strings), in scenario order."""
     workloads, tasks = _jobs(records, "workload"), _jobs(records, "task")
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str], list[CellRecord]] = {}
     for r in records:
-        groups.setdefault((r["model"], r["kv"]), []).append(r)
+        groups.setdefault((r.model, r.kv), []).append(r)
     rows = []
     for (model, kv), cells in groups.items():
-        ok = [c for c in cells if c["status"] == "ok"]
-        per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
-                          if cell_metric(c, "kv_bytes_per_token")), None)
-        peaks_kv = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]
-        peaks_rss = [cell_metric(c, "peak_rss_bytes") for c in cells]
+        ok = [c for c in cells if c.ok]
+        per_token = next((c.metric("kv_bytes_per_token") for c in ok
+                          if c.metric("kv_bytes_per_token")), None)
+        peaks_kv = [c.metric("peak_kv_resident_bytes") for c in ok]
+        peaks_rss = [c.metric("peak_rss_bytes") for c in cells]
         row = {"model": model, "kv": kv,
                "kv_bytes_per_token": "-" if per_token is None else f"{per_token:,.0f}",
                "peak_kv": _max_bytes(peaks_kv), "peak_rss": _max_bytes(peaks_rss)}
         for w in workloads:
-            cell = next((c for c in cells if c.get("workload") == w), None)
+            cell = next((c for c in cells if c.workload == w), None)
             if cell is None:
                 row.update({f"{w}|tok/s": "", f"{w}|ttft": "", f"{w}|tbt": ""})
                 continue
-            if cell["status"] != "ok":
+            if not cell.ok:
                 row.update({f"{w}|tok/s": "failed", f"{w}|ttft": "", f"{w}|tbt": ""})
                 continue
-            tps = cell_metric(cell, "output_tokens_per_s")
+            tps = cell.metric("output_tokens_per_s")
             row[f"{w}|tok/s"] = "-" if tps is None else f"{tps:.1f}"
-            row[f"{w}|ttft"] = _pair_ms(cell_metric(cell, "ttft_s"))
-            row[f"{w}|tbt"] = _pair_ms(cell_metric(cell, "tbt_s"))
-            if cell_metric(cell, "needle_accuracy") is not None:
-                row[f"{w}|needle"] = f"{cell_metric(cell, 'needle_accuracy'):.0%}"
+            row[f"{w}|ttft"] = _pair_ms(cell.metric("ttft_s"))
+            row[f"{w}|tbt"] = _pair_ms(cell.metric("tbt_s"))
+            if cell.metric("needle_accuracy") is not None:
+                row[f"{w}|needle"] = f"{cell.metric('needle_accuracy'):.0%}"
         for t in tasks:
-            cell = next((c for c in cells if c.get("task") == t), None)
-            row[t] = ("" if cell is None else "failed" if cell["status"] != "ok"
-                      else task_headline(cell.get("metrics") or {}))
-        failed = sum(c["status"] != "ok" for c in cells)
+            cell = next((c for c in cells if c.task == t), None)
+            row[t] = ("" if cell is None else "failed" if not cell.ok
+                      else task_headline(cell))
+        failed = sum(not c.ok for c in cells)
         row["status"] = "ok" if not failed else f"{failed} failed"
         rows.append(row)
     return rows
@@ -99,7 +92,7 @@ def _max_bytes(values) -> str:
     return format_bytes(max(values)) if values else "-"
 
 
-def summary_table(records: list[dict], title: str = "kvmap bench") -> Table:
+def summary_table(records: list[CellRecord], title: str = "kvmap bench") -> Table:
     """A rich table of ``summary_rows``; a model column only when there are several."""
     rows = summary_rows(records)
     table = Table(title=title, header_style="bold", title_justify="left")
@@ -130,8 +123,8 @@ def _style(text: str) -> str:
     return f"[red]{text}[/]" if "failed" in text else text
 
 
-def cell_rows(records: list[dict]) -> list[dict]:
+def cell_rows(records: list[CellRecord]) -> list[dict]:
     """``--json``: one row per cell with its metrics (the record less its traceback)."""
     keep = ("cell_id", "model", "dtype", "kv", "kind", "workload", "task", "status",
             "error", "warnings", "duration_s", "env", "metrics")
-    return [{k: r.get(k) for k in keep} for r in records]
+    return [{k: getattr(r, k) for k in keep} for r in records]

@@ -108,3 +108,18 @@ def task_tokens_needed(task: str, params: dict, seed: int = 0) -> int | None:
         return None
     from kvmap.evals import get_task
     return get_task(task, eval_options(params, seed)).max_tokens_needed() or None
+
+
+def task_kind(task: str, metrics: dict, details: dict) -> str:
+    """How a task cell is judged, for its record (``CellRecord.task_kind``): an evals
+    task's own ``kind``; a ``module:function`` task's ``kind`` attribute when the
+    function sets one, else what its headline metric says (``record.headline_kind``:
+    ``ppl``, ``accuracy``, a natural-stopping generation, or ``other``)."""
+    from kvmap.runs.record import headline_kind
+    fn = resolve_task(task)
+    if isinstance(fn, str):
+        from kvmap.evals import TASKS
+        return TASKS[fn].kind
+    declared = getattr(fn, "kind", None)
+    return declared if isinstance(declared, str) else \
+        headline_kind(metrics, details.get("per_sample"))

@@ -16,21 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from kvmap.kv.fragmentation import internal_waste
+from kvmap.engine.stats import kv_waste
+from kvmap.hardware.process import proc_io
 
 PERIOD_S = 0.1
-
-
-def kv_waste(engine):
-    """Internal waste of the running sequences now (``kvmap.kv.fragmentation.Waste``)."""
-    kv, bs = engine.kv, engine.kv.block_size
-    # clamped: a request being preempted may have lost its blocks but not yet its count.
-    # Prompt tokens not yet computed hold the slots allocated for them: a sample taken
-    # during a prefill's forward pass must not count the chunk being written as waste.
-    held = [(n, min(r.num_kv_slots + max(0, len(r.prompt_token_ids) - r.num_computed_tokens),
-                    n * bs)) for r in list(engine.scheduler.running)
-            for n in [len(r.block_ids)]]
-    return internal_waste(held, bs, kv.bytes_per_block)
 
 
 def snapshot(engine) -> dict:
@@ -41,8 +30,8 @@ def snapshot(engine) -> dict:
     out = {"num_running": len(running), "num_waiting": len(sched.waiting),
            "kv_resident_bytes_device": kv.resident_block_bytes(),
            "kv_waste_bytes": waste.waste_bytes, "kv_waste_share": waste.share}
-    store = getattr(engine, "store", None)
-    for level in (store.levels if store is not None else []):
+    offload = engine.offload
+    for level in (offload.levels if offload is not None else []):
         name, stats = level.tier.name, level.tier.stats
         out[f"kv_resident_bytes_{name}"] = level.tier.used_bytes
         out[f"tier_{name}_bytes_read"] = stats.bytes_read
@@ -50,17 +39,6 @@ def snapshot(engine) -> dict:
         out[f"tier_{name}_read_s"] = stats.read_s
         out[f"tier_{name}_write_s"] = stats.write_s
     return out
-
-
-def proc_io() -> dict:
-    """Bytes this process read and wrote through storage (Linux); {} elsewhere."""
-    try:
-        text = Path("/proc/self/io").read_text()
-    except OSError:
-        return {}
-    fields = dict(line.split(": ") for line in text.splitlines() if ": " in line)
-    return {"disk_read_bytes": int(fields.get("read_bytes", 0)),
-            "disk_write_bytes": int(fields.get("write_bytes", 0))}
 
 
 class _Gpu:
@@ -144,15 +122,15 @@ def time_weighted_mean(t_s: list[float], values: list[float]) -> float | None:
     return sum(v * (b - a) for v, a, b in zip(values, t_s, t_s[1:])) / span
 
 
-def write_timeseries(run_dir: str | Path, record: dict) -> Path | None:
-    """Move ``record["metrics"]["timeseries"]`` (columns) to
+def write_timeseries(run_dir: str | Path, record) -> Path | None:
+    """Move ``record.metrics["timeseries"]`` (columns; ``record`` a ``CellRecord``) to
     ``<run_dir>/timeseries/<cell_id>.parquet``; None when the record has no series."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    columns = (record.get("metrics") or {}).pop("timeseries", None)
+    columns = record.metrics.pop("timeseries", None)
     if not columns:
         return None
-    path = Path(run_dir) / "timeseries" / f"{record['cell_id']}.parquet"
+    path = Path(run_dir) / "timeseries" / f"{record.cell_id}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     pq.write_table(pa.table(columns), tmp)

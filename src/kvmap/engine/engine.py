@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from dataclasses import replace
 
 import torch
 
@@ -49,14 +50,17 @@ def bf16_bytes_per_token(config: ModelConfig) -> int:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded, kv_config: KVConfig | None = None,
+    def __init__(self, config: EngineConfig, loaded, kv_config: KVConfig,
                  model: LlamaModel | None = None):
-        """``loaded`` is a ``kvmap.model.loader.LoadedModel`` (config, weights, tokenizer).
-        ``model``: an already-built ``LlamaModel`` of the same weights, shared with another
-        engine (the server's adaptive mode runs one engine per KV configuration over one
-        copy of the weights); ``loaded.weights`` is then not used."""
+        """``loaded`` is a ``kvmap.model.loader.LoadedModel`` (config, weights, tokenizer),
+        ``kv_config`` the parsed ``config.kv`` (``kvmap.engine.builder.build_engine``
+        parses it once). ``model``: an already-built ``LlamaModel`` of the same weights,
+        shared with another engine (the server's adaptive mode runs one engine per KV
+        configuration over one copy of the weights); ``loaded.weights`` is then not
+        used. Neither argument is changed; ``self.loaded`` keeps ``loaded`` less its
+        weights (the model holds its own fused copies), for a sibling engine."""
         self.config = config
-        self.kv_config = kv_config or KVConfig.parse(config.kv, config.dtype)
+        self.kv_config = kv_config
         self.dtype = getattr(torch, DTYPES[config.dtype])
         self.device = torch.device(config.device)
         self.model_config = loaded.config
@@ -65,7 +69,7 @@ class Engine:
         if model is None:
             model = build_decoder(loaded, self.dtype, self.device)
         self.model = model
-        loaded.weights = None     # the model holds the fused copies now
+        self.loaded = replace(loaded, weights=None)
         cc = config.cache
         max_pos = loaded.config.max_position_embeddings
         if max_pos % cc.block_size:

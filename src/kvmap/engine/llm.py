@@ -9,53 +9,40 @@
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import fields
 
-from kvmap.config import DTYPES, EngineArgs
-from kvmap.engine.engine import Engine
-from kvmap.kv.config import KVConfig
+from kvmap.config import EngineArgs
+from kvmap.engine.builder import build_engine
 from kvmap.request import RequestOutput, SamplingParams
 
 Prompt = str | list[int]
 
 
-class LLM:
-    def __init__(self, model: str | None = None, dtype: str = "auto", kv: str = "auto",
-                 kv_memory: str | int | None = "256MiB", block_size: int = 16,
-                 num_blocks: int | None = None, device: str | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                 enable_prefix_caching: bool = True, num_threads: int | None = None,
-                 seed: int = 0, quantization: str | None = None, *,
-                 args: EngineArgs | None = None):
-        """Keyword arguments are those of ``kvmap.config.EngineArgs`` (``kv_memory`` may
-        be a byte size or ``"N tokens"`` of the model's bf16 KV); ``args`` gives them
-        as one ``EngineArgs`` instead. ``quantization``: None | "int8" | "w8a8" | "int4",
-        the weights' format (``kvmap.model.wquant``), combinable with any ``kv`` spec."""
-        if args is None:
-            args = EngineArgs(model=model, dtype=dtype, kv=kv,
-                              kv_memory=kv_memory if kv_memory is not None else "256MiB",
-                              num_blocks=num_blocks, block_size=block_size,
-                              max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens,
-                              enable_prefix_caching=enable_prefix_caching,
-                              num_threads=num_threads, device=device, seed=seed,
-                              quantization=quantization)
-        from kvmap.model.loader import load_model   # heavy imports only when used
-        args = args.resolved()          # dtype and kv "auto", device None: this machine's
-        kv_config = KVConfig.parse(args.kv, args.dtype)   # bad specs fail before weights
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
-        config = args.engine_config()
-        loaded = load_model(args.model, getattr(torch, DTYPES[args.dtype]), args.device,
-                            quantization=args.quantization)
-        self.engine = Engine(config, loaded, kv_config)
-        self.tokenizer = self.engine.tokenizer
-        self.config = config
-        self.args = args
+_SETTINGS = frozenset(f.name for f in fields(EngineArgs))
 
-    @classmethod
-    def from_args(cls, args: EngineArgs) -> LLM:
-        return cls(args=args)
+
+class LLM:
+    def __init__(self, model: str | None = None, *, args: EngineArgs | None = None,
+                 **settings):
+        """``settings`` are the fields of ``kvmap.config.EngineArgs`` (``dtype``, ``kv``,
+        ``kv_memory`` -- a byte size or ``"N tokens"`` of the model's bf16 KV --,
+        ``quantization``: None | "int8" | "w8a8" | "int4", ...); ``args`` gives them as one
+        ``EngineArgs`` instead. ValueError names an unknown setting or a bad value."""
+        unknown = sorted(set(settings) - _SETTINGS)
+        if unknown:
+            raise ValueError(f"LLM: unknown setting(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(sorted(_SETTINGS - {'model'}))}")
+        if args is None:
+            if settings.get("kv_memory", "") is None:     # None: the default budget
+                del settings["kv_memory"]
+            args = EngineArgs(model=model, **settings)
+        elif settings or model is not None:
+            raise ValueError("LLM: give the settings as args=EngineArgs(...) or as keywords, "
+                             "not both")
+        self.args = args.resolved()      # dtype and kv "auto", device None: this machine's
+        self.engine = build_engine(self.args)
+        self.tokenizer = self.engine.tokenizer
+        self.config = self.engine.config
 
     @property
     def model_config(self):

@@ -58,6 +58,7 @@ class ModelRunner:
         self.kv = kv
         self.offload = offload          # the tiers below the pool, or None
         self.device = model.device
+        self.fused_reads = True         # False: decode dequantizes through codec.read
 
     def build(self, items: list[tuple[Request, int]], policy=None) -> StepInputs:
         """Flat inputs for the batch. Decodes must come first in ``items``."""
@@ -100,6 +101,7 @@ class ModelRunner:
             torch.tensor(slot_ids, dtype=torch.long, device=dev), decode_tables, decode_lens,
             prefills, bs, dev, self.model.dtype)
         meta.holes = holes
+        meta.fused_reads = self.fused_reads
         if self.offload is not None:     # paged fronts, prefix blocks still being copied in
             meta.offload = self.offload.step(decode_reqs, prefill_reqs)
         if policy is not None and (policy.needs_window_attention

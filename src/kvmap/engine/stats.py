@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmap.kv.fragmentation import Waste, internal_waste
+
 # keys of a tier's usage dict (kvmap.kv.offload.store.TieredStore.usage) read by name;
 # the rest (codec, frame bytes, latencies, ...) travel in ``TierUsage.detail``
 _TIER_FIELDS = ("resident_bytes", "capacity_bytes", "num_blocks", "num_hits", "num_misses",
@@ -118,3 +120,16 @@ class EngineStats:
             out["num_compressions"] = self.num_compressions
             out["num_evicted_tokens"] = self.num_evicted_tokens
         return out
+
+
+def kv_waste(engine) -> Waste:
+    """Internal waste of ``engine``'s running sequences now (``kvmap.kv.fragmentation``):
+    what the bench's time series and ``kvmap serve``'s metrics both sample."""
+    kv, bs = engine.kv, engine.kv.block_size
+    # clamped: a request being preempted may have lost its blocks but not yet its count.
+    # Prompt tokens not yet computed hold the slots allocated for them: a sample taken
+    # during a prefill's forward pass must not count the chunk being written as waste.
+    held = [(n, min(r.num_kv_slots + max(0, len(r.prompt_token_ids) - r.num_computed_tokens),
+                    n * bs)) for r in list(engine.scheduler.running)
+            for n in [len(r.block_ids)]]
+    return internal_waste(held, bs, kv.bytes_per_block)

@@ -19,9 +19,10 @@ The baseline is the model's own dtype as the KV codec (``bf16`` for a bf16 model
 no selection policy; every result carries paired per-sample comparisons with it
 (``stats``).
 """
-from kvmap.evals.base import TASKS, Column, EvalOptions, Task, TaskRun, get_task
+from kvmap.evals.base import TASK_KINDS, TASKS, Column, EvalOptions, Task, TaskRun, get_task
 from kvmap.evals import (chat_generation, generation, mc, needle, passkey,  # noqa: F401
                          ppl, prompt_ppl, qa)                    # -- fill TASKS
 from kvmap.evals.evaluation import evaluate
 
-__all__ = ["Column", "EvalOptions", "TASKS", "Task", "TaskRun", "evaluate", "get_task"]
+__all__ = ["Column", "EvalOptions", "TASKS", "TASK_KINDS", "Task", "TaskRun", "evaluate",
+           "get_task"]

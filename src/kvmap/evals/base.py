@@ -28,6 +28,13 @@ from kvmap.registry import Registry
 from kvmap.workloads.files import jsonl_records, require_file
 
 
+# How a task's result is judged -- its ``kind``, stored in each task cell's record
+# (``CellRecord.task_kind``) for the report: ``ppl`` a perplexity and its rise, ``accuracy``
+# a share of samples right and its drop, ``generation`` natural stopping (the output's
+# length against the baseline's), ``other`` its agreement with the baseline's outputs.
+TASK_KINDS = ("ppl", "accuracy", "generation", "other")
+
+
 class Column(NamedTuple):
     """One column of ``kvmap eval``'s table: header, metric key, format (``"ci"``: an
     interval dict ``{"ci_low", "ci_high"}`` or a ``[lo, hi]`` pair)."""
@@ -81,6 +88,7 @@ class Task:
     ``delta_<paired_metric>``, and for pass/fail values the negative-sample rate."""
 
     name: ClassVar[str]
+    kind: ClassVar[str] = "other"                # one of TASK_KINDS
     paired_metric: ClassVar[str] = "accuracy"
     value_key: ClassVar[str] = "correct"         # the paired value in each record
     columns: ClassVar[tuple[Column, ...]] = ()   # () -> the generic columns of kvmap eval

@@ -66,6 +66,7 @@ class ChatGenerationTask(Task):
     """Output-length inflation of naturally stopping chat answers (module docstring)."""
 
     name = "chat_generation"
+    kind = "generation"
     paired_metric = "num_output_tokens"
     value_key = "num_output_tokens"
     takes = frozenset({"context_tokens", "text", "continuation_tokens"})

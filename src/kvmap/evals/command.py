@@ -21,7 +21,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvmap.config import format_bytes
+from kvmap.cli_options import engine_options
+from kvmap.config import EngineArgs, format_bytes
 from kvmap.evals import TASKS, Column, EvalOptions, evaluate
 
 _OPTION_FIELDS = {  # task-specific option -> the EvalOptions field a task must take
@@ -30,6 +31,8 @@ _OPTION_FIELDS = {  # task-specific option -> the EvalOptions field a task must 
 
 
 def _eval_command(make_llm: Callable[[str], Any] | None):
+    @engine_options("model", "dtype", "kv_memory", "quantization", "num_threads",
+                    flags={"num_threads": "--threads"})
     def eval_(
         task: str = typer.Option(..., help=" | ".join(TASKS)),
         kv: Optional[List[str]] = typer.Option(None, help="KV spec to evaluate (repeatable)."),
@@ -52,19 +55,12 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
                                                                "depth in [0, 1] "
                                                                "(repeatable)."),
         needles: Optional[int] = typer.Option(None, help="needle: needles per prompt (2)."),
-        model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
-                                                       "default: embedded SmolLM2-135M."),
-        dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (also the baseline's "
-                                               "KV codec)"),
-        kv_memory: str = typer.Option("256MiB", help="KV pool byte budget"),
-        quantization: Optional[str] = typer.Option(
-            None, help="Weights of every --kv run: int8 | w8a8 | int4 (the baseline "
-                       "keeps dense weights)"),
-        threads: Optional[int] = typer.Option(None, help="Torch CPU threads (1 is fastest "
-                                                         "on a busy machine)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        engine: EngineArgs | None = None,        # made by @engine_options
     ) -> None:
-        """Accuracy of KV configurations against the full-precision full cache."""
+        """Accuracy of KV configurations against the full-precision full cache (the
+        baseline: --dtype as the KV codec, dense weights; --quantization applies to every
+        --kv run)."""
         from kvmap.cli_errors import fail
         given = {"--data": data, "--depth": depth, "--needles": needles,
                  "--text-file": text_file, "--continuation": continuation}
@@ -84,9 +80,7 @@ def _eval_command(make_llm: Callable[[str], Any] | None):
                                   seed=seed, text=text, data_path=data,
                                   continuation_tokens=continuation,
                                   depths=tuple(depth or ()), num_needles=needles)
-            result = evaluate(task, kv or [], options, model=model, dtype=dtype,
-                              kv_memory=kv_memory, num_threads=threads, make_llm=make_llm,
-                              quantization=quantization,
+            result = evaluate(task, kv or [], options, engine=engine, make_llm=make_llm,
                               log=lambda line: typer.echo(f"[eval] {line}", err=True))
         except (ValueError, FileNotFoundError) as e:
             fail(str(e))
@@ -150,5 +144,5 @@ def _print_table(result: dict) -> None:
 
 def register(app: typer.Typer, make_llm: Callable[[str], Any] | None = None) -> None:
     """Add ``eval`` to ``app``. ``make_llm(spec)`` builds each ``LLM`` (tests pass a tiny
-    model); by default ``LLM(--model, --dtype, kv=spec, --kv-memory)``."""
+    model); by default ``LLM`` of the command's engine options with ``kv=spec``."""
     app.command("eval")(_eval_command(make_llm))

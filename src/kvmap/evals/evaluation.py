@@ -4,30 +4,32 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
+from kvmap.config import EngineArgs
 from kvmap.evals.base import EvalOptions, Task, TaskRun, get_task
 from kvmap.kv.config import KVConfig
 
 
 def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOptions(), *,
-             model: str | None = None, dtype: str = "auto", kv_memory: str = "256MiB",
-             num_threads: int | None = None, make_llm: Callable[[str], Any] | None = None,
-             quantization: str | None = None,
+             engine: EngineArgs = EngineArgs(),
+             make_llm: Callable[[str], Any] | None = None,
              log: Callable[[str], None] = lambda message: None) -> dict:
     """Run ``task`` for the baseline and each of ``kv_specs``; one result per spec, in order.
 
     Every spec, the task's options and (after the baseline model loads) the context
     against the model's are validated before any sample runs: ValueError names the bad
-    value. ``make_llm(spec)`` builds one ``LLM`` (default: ``LLM(model, dtype, kv=spec,
-    kv_memory, num_threads)``); one lives at a time. A spec equal to the baseline reuses its run.
-    ``quantization`` (``kvmap.model.wquant``): every spec runs on weights in that format,
-    compared with the baseline on dense weights (so a bf16 spec measures the weights alone).
+    value. ``engine``: the settings every ``LLM`` runs with (its ``kv`` is each spec's);
+    ``make_llm(spec)`` builds one ``LLM`` instead (tests); one lives at a time. A spec
+    equal to the baseline reuses its run. ``engine.quantization``
+    (``kvmap.model.wquant``): every spec runs on weights in that format, compared with
+    the baseline on dense weights (so a bf16 spec measures the weights alone).
     """
     from kvmap.hardware import resolve_dtype
     evaluator = get_task(task, options)
-    dtype = resolve_dtype(dtype, "cpu")      # "auto": this machine's exact dtype
+    model, quantization = engine.model, engine.quantization
+    dtype = resolve_dtype(engine.dtype, "cpu")      # "auto": this machine's exact dtype
     specs = [dtype if s.strip() == "auto" else KVConfig.parse(s, dtype).spec
              for s in kv_specs]
     if not specs:
@@ -41,8 +43,7 @@ def evaluate(task: str, kv_specs: Sequence[str], options: EvalOptions = EvalOpti
     if make_llm is None:
         from kvmap import LLM
         def make_llm(spec: str, quantization: str | None = None):
-            return LLM(model=model, dtype=dtype, kv=spec, kv_memory=kv_memory,
-                       num_threads=num_threads, quantization=quantization)
+            return LLM(args=replace(engine, dtype=dtype, kv=spec, quantization=quantization))
     llm = make_llm(baseline_spec)
     model_id = getattr(llm.engine, "model_id", model)
     _check_fits(evaluator, None, llm.model_config.max_position_embeddings, task, options)

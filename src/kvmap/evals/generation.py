@@ -50,6 +50,7 @@ class GenerationTask(Task):
     """Greedy output stability against the baseline (module docstring)."""
 
     name = "generation"
+    kind = "other"
     paired_metric = "exact_match"
     takes = frozenset({"context_tokens", "text", "continuation_tokens"})
     needs_baseline_state = True            # compares the baseline's token ids

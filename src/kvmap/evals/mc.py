@@ -95,6 +95,7 @@ class MCTask(Task):
     """Multiple choice by summed log-likelihood (module docstring)."""
 
     name = "mc"
+    kind = "accuracy"
     takes = frozenset({"data_path"})
     columns = (Column("accuracy", "accuracy", "{:.2%}"), Column("acc CI95", "accuracy_ci95", "ci"),
                Column("acc_norm", "accuracy_norm", "{:.2%}"), Column("n", "num_samples", "{}"),

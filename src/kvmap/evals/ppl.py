@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from kvmap.evals.base import TASKS, Column, Task, TaskRun
-from kvmap.evals.kv_peak import track_peak_kv_bytes  # noqa: F401 -- its old home (bench)
+from kvmap.evals.kv_peak import track_peak_kv_bytes
 from kvmap.evals.stats import paired_delta, paired_values, ratio_pct
 from kvmap.metrics import percentile
 from kvmap.workloads.corpus import TextSource, encode_text
@@ -120,6 +120,7 @@ class PPLTask(Task):
     """Perplexity, KL and top-1 agreement of teacher-forced decoding (module docstring)."""
 
     name = "ppl"
+    kind = "ppl"
     paired_metric = "nll"
     value_key = "nll_mean"
     takes = frozenset({"context_tokens", "text", "continuation_tokens"})

@@ -98,6 +98,7 @@ class PromptPPLTask(Task):
     """Perplexity from prompt log-probabilities, one prefill per sample (docstring)."""
 
     name = "prompt_ppl"
+    kind = "ppl"
     paired_metric = "nll"
     value_key = "nll_mean"
     takes = frozenset({"context_tokens", "text", "num_top_logprobs"})

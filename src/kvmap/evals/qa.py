@@ -122,6 +122,7 @@ class QATask(Task):
     """Extractive QA, exact match and token F1 (module docstring)."""
 
     name = "qa"
+    kind = "accuracy"
     paired_metric = "exact_match"
     value_key = "correct"                       # exact match, so the negative rate applies
     takes = frozenset({"data_path", "context_tokens", "text"})

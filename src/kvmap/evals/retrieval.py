@@ -105,6 +105,7 @@ class RetrievalTask(Task):
     ``context_tokens``, ``depth``, ``group`` and ``sample_id``, and may override
     ``record``."""
 
+    kind = "accuracy"
     columns: ClassVar[tuple[Column, ...]] = (
         Column("accuracy", "accuracy", "{:.2%}"), Column("acc CI95", "accuracy_ci95", "ci"),
         Column("n", "num_samples", "{}"), Column("Δacc CI", "delta_accuracy", "ci"),

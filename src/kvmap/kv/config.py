@@ -19,8 +19,10 @@ from kvmap.kv.redact import redact_spec
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.offload.prefill import check_spec as _check_prefill_offload
 from kvmap.kv.policies import POLICIES
+from kvmap.kv.policies.base import Policy
 from kvmap.kv.tiers import TIER_PARTS
 from kvmap.kv.tiers.backend import backends_top_down
+from kvmap.kv.tiers.layout import Layout
 
 _KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS}
 
@@ -51,8 +53,8 @@ def spec_names() -> dict[str, tuple[str, ...]]:
 class KVConfig:
     spec: str
     codec: Codec
-    policy: Any = None      # a kvmap.kv.policies policy, or None for the full cache
-    tiers: Any = None       # a kvmap.kv.tiers layout part, or None
+    policy: Policy | None = None    # a selection policy; None: the full cache
+    tiers: Layout | None = None     # ``tiers(...)`` or ``recompute``; None: no layout part
 
     @classmethod
     def parse(cls, text: str | "KVConfig", dtype: str | None = None) -> "KVConfig":
@@ -107,12 +109,12 @@ class KVConfig:
         return self.spec
 
 
-def _check_evict_to(text: str, policy: Any, tiers: Any) -> None:
+def _check_evict_to(text: str, policy: Policy | None, tiers: Layout | None) -> None:
     """A policy's ``evict_to`` (soft eviction) must name a level of the spec's tiers."""
     level = getattr(policy, "evict_to", None)
     if level is None:
         return
-    levels = [lv.name for lv in getattr(tiers, "levels", ())]
+    levels = [lv.name for lv in tiers.levels] if tiers is not None else []
     if level not in levels:
         has = (f"its tiers are {', '.join(levels)}" if levels else
                "it has no tiers(...) part; add e.g. tiers(host=1GiB)")

@@ -20,10 +20,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=code)
+from kvmap.cli_errors import fail
 
 
 def _levels(rate: Optional[str], concurrency: Optional[str], steps: Optional[str],
@@ -140,7 +137,7 @@ def _prepare(o: dict) -> tuple:
         tok = prompts.load_tokenizer(o["tokenizer"])
         prompts.build(spec, tok, None)           # a workload that cannot be built: exit 2
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     return endpoint, scenario_kw, tok
 
 
@@ -152,12 +149,12 @@ def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> Non
     err = Console(stderr=True)
     run_dir = out or default_run_dir()
 
-    def on_cell(record: dict) -> None:
-        m = record["metrics"]
+    def on_cell(record) -> None:
+        m, p = record.metrics, record.params
         ttft = (m.get("ttft_s") or {}).get("mean")
-        err.print(f"[{'green' if record['status'] == 'ok' else 'red'}]"
-                  f"{record['params']['level']}"
-                  f"{'' if record['params'].get('phase') is None else ' phase ' + str(record['params']['phase'])}"
+        err.print(f"[{'green' if record.ok else 'red'}]"
+                  f"{p['level']}"
+                  f"{'' if p.get('phase') is None else ' phase ' + str(p['phase'])}"
                   f"[/]: {m['num_completed']} ok, {m['num_failed']} failed, "
                   f"{(m.get('requests_per_s') or 0):.2f} req/s, TTFT mean "
                   f"{'-' if ttft is None else f'{ttft * 1000:.1f} ms'}")
@@ -165,21 +162,21 @@ def _execute(endpoint, model, scenario_kw: dict, tok, out, as_json: bool) -> Non
     try:
         result = asyncio.run(_run(endpoint, model, scenario_kw, tok, run_dir, on_cell, err))
     except _Unreachable as e:
-        _fail(str(e), code=1)
+        fail(str(e), code=1)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         err.print(f"\ninterrupted; finished levels are in {run_dir}")
         raise typer.Exit(code=130) from None
     if as_json:
-        typer.echo(json.dumps({"run_dir": str(result.run_dir), "cells": result.cells},
-                              default=str))
+        typer.echo(json.dumps({"run_dir": str(result.run_dir),
+                               "cells": [c.to_dict() for c in result.cells]}, default=str))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=220)
         console.print(summary_table(result.cells))
         typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
                    f"{result.num_skipped} already stored)")
-    if any(c["status"] != "ok" for c in result.cells):
+    if any(not c.ok for c in result.cells):
         raise typer.Exit(code=1)
 
 

@@ -18,7 +18,7 @@ Definitions are ``vllm bench serve``'s (``docs/metrics.md``), from the client's 
   number of content chunks (``num_output_tokens_from_chunks`` counts those requests).
 - A non-streaming request has E2E and usage, no TTFT, TBT or TPOT.
 
-Rows follow ``kvmap.bench.store.REQUEST_SCHEMA`` with times relative to the run's start,
+Rows follow ``kvmap.runs.store.REQUEST_SCHEMA`` with times relative to the run's start,
 ``token_times_s`` = the content-chunk times, and ``error`` = ``"<kind>: <message>"``.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from kvmap.metrics import RequestStats, aggregate, summarize
-from kvmap.loadgen.runner import LoadRun, Sent
+from kvmap.loadgen.runner import Sent
 
 
 def request_stats(sent: Sent, t0_s: float) -> RequestStats:
@@ -101,10 +101,3 @@ def load_metrics(sent: Iterable[Sent], t0_s: float, duration_s: float | None,
         send_lag_s=summarize(lags))
     return metrics
 
-
-def phase_groups(run: LoadRun) -> dict[int, list[Sent]]:
-    """The sent requests of each phase, by phase index."""
-    groups: dict[int, list[Sent]] = {}
-    for s in run.sent:
-        groups.setdefault(s.phase, []).append(s)
-    return groups

@@ -25,18 +25,18 @@ def _num(value, fmt: str = ".2f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def summary_rows(records: list[dict]) -> list[dict]:
-    """One dict of strings per cell, keyed by ``COLUMNS``."""
+def summary_rows(records: list) -> list[dict]:
+    """One dict of strings per cell (``CellRecord``s), keyed by ``COLUMNS``."""
     rows = []
     for r in records:
-        m, p = r.get("metrics") or {}, r.get("params") or {}
+        m, p = r.metrics, r.params
         level = p.get("level", "?")
         if p.get("phase") is not None:
             level = f"phase {p['phase']} @ {p['rate_per_s']:g}/s"
         server = m.get("server") or {}
         failures = m.get("failures_by_kind") or {}
         rows.append({
-            "level": level, "kv": str(r.get("kv")),
+            "level": level, "kv": str(r.kv),
             "ok/fail": f"{m.get('num_completed', 0)}/{m.get('num_failed', 0)}",
             "req/s": _num(m.get("requests_per_s")),
             "out tok/s": _num(m.get("output_tokens_per_s"), ".1f"),
@@ -51,7 +51,7 @@ def summary_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def summary_table(records: list[dict], title: str = "kvmap loadgen") -> Table:
+def summary_table(records: list, title: str = "kvmap loadgen") -> Table:
     table = Table(title=title)
     for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("level", "kv", "failures")

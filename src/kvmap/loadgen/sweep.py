@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvmap.bench.record import CellRecord
-from kvmap.bench.store import RunStore
+from kvmap.hardware.process import load_avg
 from kvmap.loadgen import prompts
 from kvmap.loadgen.client import Endpoint
 from kvmap.loadgen.level import measure_level
@@ -29,12 +28,14 @@ from kvmap.loadgen.runner import LoadRun, Sent, open_session
 from kvmap.loadgen.scenario import LoadgenScenario
 from kvmap.loadgen.schedule import Level, make_plan
 from kvmap.loadgen.server_metrics import Scrape, agreement, server_view
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 
 
 @dataclass
 class SweepResult:
     run_dir: Path
-    cells: list[dict]            # every stored record, in order
+    cells: list[CellRecord]      # every stored record, in order
     num_ran: int
     num_skipped: int
 
@@ -73,7 +74,7 @@ def cell_workload(scenario: LoadgenScenario, level: Level, phase: int | None) ->
 
 def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: int | None,
             metrics: dict, details: dict, started_at: str, duration_s: float,
-            load_start: float | None) -> dict:
+            load_start: float | None) -> CellRecord:
     failed = metrics["num_completed"] == 0
     params = {"level": level.name, "rate_per_s": level.rate_per_s,
               "concurrency": level.concurrency, "burstiness": level.burstiness,
@@ -89,8 +90,8 @@ def _record(scenario: LoadgenScenario, cid: str, level: Level, kv: str, phase: i
         error=("no request completed: " + "; ".join(metrics["first_errors"][:2]))
         if failed else None,
         metrics=metrics, details=details, duration_s=duration_s,
-        env={"load_avg_1m_start": load_start, "load_avg_1m_end": _load_avg(),
-             "num_cpus": os.cpu_count()}).to_dict()
+        env={"load_avg_1m_start": load_start, "load_avg_1m_end": load_avg(),
+             "num_cpus": os.cpu_count()})
 
 
 async def warm_up(session, endpoint: Endpoint, request, num: int) -> None:
@@ -100,13 +101,6 @@ async def warm_up(session, endpoint: Endpoint, request, num: int) -> None:
     for k in range(num):
         await send_request(session, endpoint,
                            replace(request, request_id=f"warmup-{k}"), RawResult("warmup"))
-
-
-def _load_avg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def _kv_label(scenario: LoadgenScenario, after: Scrape | None, models: list[dict] | None
@@ -171,7 +165,7 @@ async def run_sweep(scenario: LoadgenScenario, endpoint: Endpoint, tokenizer,
                 await warm_up(session, endpoint, requests[0], scenario.num_warmup)
                 warmed_up = True
             started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            load_start = _load_avg()
+            load_start = load_avg()
             measured = await measure_level(session, endpoint, plan, level,
                                            duration_s=scenario.duration_s,
                                            drain_timeout_s=scenario.drain_timeout_s,

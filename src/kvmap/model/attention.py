@@ -107,6 +107,9 @@ class AttentionMetadata:
     # a sliding-window layer's metadata (``windowed``): keys visible to a query, itself
     # included; None: every key of the context
     window: int | None = None
+    # decode reads codes with their scales folded in (quant_attention); False: always
+    # dequantize through codec.read (A/B tests, benchmarks: ModelRunner.fused_reads)
+    fused_reads: bool = True
 
     @classmethod
     def build(cls, slot_ids: torch.Tensor, decode_tables: list[list[int]],
@@ -234,7 +237,8 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
     if meta.decode_rows is None:
         block_size = next(iter(store.blocks.values())).shape[1]
         meta.decode_rows = HeadRows.of(meta.decode_block_ids, block_size, num_kv_heads)
-    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads, meta.decode_rows)
+    kv = decode_kv(codec, store, meta.decode_block_ids, num_kv_heads, meta.decode_rows,
+                   meta.fused_reads)
     qd = q[:B].view(B, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
         num_kv_heads * B, group, head_dim)                            # (H*B, G, D)
     scores = kv.scores(qd).view(num_kv_heads, B, group, -1)

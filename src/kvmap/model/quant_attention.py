@@ -42,17 +42,15 @@ import torch
 from kvmap.kv.codecs import Codec, HeadRows, LayerStore, ScaledRead
 from kvmap.kv.codecs.none import PlainCodec
 
-FUSED = True    # False: always dequantize through ``codec.read`` (A/B tests, benchmarks)
-
-
 def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads: int,
-              rows: HeadRows | None = None):
+              rows: HeadRows | None = None, fused: bool = True):
     """Operands over the blocks of ``table`` (B, nb), one row per decoding sequence;
     key l of row b is slot l of the row's blocks, concatenated (L = nb * block_size).
     ``rows``: the batch's heads-first row index (built here when not given; attention
-    builds it once per step for all layers)."""
+    builds it once per step for all layers). ``fused=False``: always dequantize through
+    ``codec.read`` (``AttentionMetadata.fused_reads``: A/B tests, benchmarks)."""
     B = table.shape[0]
-    if FUSED:
+    if fused:
         if rows is None:
             block_size = next(iter(store.blocks.values())).shape[1]
             rows = HeadRows.of(table, block_size, num_kv_heads)
@@ -68,7 +66,7 @@ def decode_kv(codec: Codec, store: LayerStore, table: torch.Tensor, num_kv_heads
                 k, v = (x.view(num_kv_heads * B, rows.num_keys, -1) for x in kv)
                 return DenseKV(k, v) if isinstance(codec, PlainCodec) else DecodedKV(k, v)
     ids = table.reshape(-1)
-    scaled = codec.read_scaled(store, ids) if FUSED else None
+    scaled = codec.read_scaled(store, ids) if fused else None
     if scaled is None:
         k, v = codec.read(store, ids)
         return DenseKV(heads_first(k, B), heads_first(v, B))

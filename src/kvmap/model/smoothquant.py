@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from kvmap.model.linear import Int8Linear, W8A8Linear
+from kvmap.model.wquant import WEIGHT_FORMATS
 
 SMOOTH_ALPHA = 0.5
-SMOOTHED_FORMATS = ("int8", "w8a8")
+SMOOTHED_FORMATS = tuple(name for name, fmt in WEIGHT_FORMATS.items() if fmt.smoothed)
 SMOOTHED = ("qkv", "gate_up")
 W8A16_IN_W8A8 = ("down",)
 CALIBRATION_SEED = 1234          # not the eval tasks' default seed (0)

@@ -19,16 +19,35 @@ Math in pure functions (gpt-fast ``quantize.py`` style); the layers are in ``lin
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-QUANTIZATIONS = (None, "int8", "w8a8", "int4")
+from kvmap.registry import Registry
+
 INT4_GROUP_SIZE = 32
-# kernels per quantization and device type
-KERNELS = {"int8": {"cpu": "_weight_int8pack_mm", "cuda": "_weight_int8pack_mm"},
-           "w8a8": {"cpu": "_int_mm", "cuda": "_int_mm"},
-           "int4": {"cpu": "_weight_int4pack_mm_for_cpu"}}
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A weight format of ``LLM(quantization=NAME)``: the torch kernel per device type
+    and whether SmoothQuant calibrates it at load (``smoothquant.py``). Its layer is
+    ``linear.LINEARS[NAME]``; a test holds that every format has one, and a test row."""
+
+    name: str
+    kernels: Mapping[str, str]
+    smoothed: bool = False
+
+
+WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")
+for _format in (WeightFormat("int8", {"cpu": "_weight_int8pack_mm",
+                                      "cuda": "_weight_int8pack_mm"}, smoothed=True),
+                WeightFormat("w8a8", {"cpu": "_int_mm", "cuda": "_int_mm"}, smoothed=True),
+                WeightFormat("int4", {"cpu": "_weight_int4pack_mm_for_cpu"})):
+    WEIGHT_FORMATS.register(_format)
+QUANTIZATIONS = (None, *WEIGHT_FORMATS)          # None: dense
+KERNELS = {name: fmt.kernels for name, fmt in WEIGHT_FORMATS.items()}
 
 
 def check_quantization(name: str | None, device: torch.device | str = "cpu",

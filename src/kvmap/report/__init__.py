@@ -1,4 +1,4 @@
-"""The trade-off map: readers of a stored run (``kvmap.bench.store.RunStore``) that draw
+"""The trade-off map: readers of a stored run (``kvmap.runs.store.RunStore``) that draw
 the report, pick the sweet spot for an SLA and fill the pre-launch checklist.
 
     load_run(run_dir)        -> Run           (loader.py: records and per-request rows)

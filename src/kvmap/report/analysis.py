@@ -11,7 +11,8 @@ from kvmap.report.checklist import CheckItem, checklist
 from kvmap.report.configs import ConfigSummary, summarize
 from kvmap.report.deployments import Deployment, deployments, workload_names
 from kvmap.report.loader import Run
-from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import Recommendation, recommend
 
 DEFAULT_MAX_ACCURACY_DROP_PCT = 1.0
 

@@ -26,7 +26,7 @@ import numpy as np
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary
 from kvmap.report.noise import parts
-from kvmap.report.recommend import Constraints, check, fmt
+from kvmap.report.constraints import Constraints, check, fmt
 
 KV_HEADROOM = 0.20
 LENGTH_RATIO_PASS, LENGTH_RATIO_WARN = 1.5, 3.0

@@ -18,16 +18,14 @@ constraints (so a script can gate on it) and 2 on a bad argument.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
+from kvmap.cli_errors import fail
 
 
 def parse_percent(text: str) -> float:
@@ -50,7 +48,8 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
     from kvmap.config import parse_size
     from kvmap.report.analysis import DEFAULT_MAX_ACCURACY_DROP_PCT, analyze
     from kvmap.report.loader import load_run
-    from kvmap.report.recommend import Constraints, check_objective
+    from kvmap.report.constraints import Constraints
+    from kvmap.report.recommend import check_objective
     try:
         check_objective(objective)
         run = load_run(run_dir)
@@ -63,7 +62,43 @@ def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: s
             raise ValueError(f"--kv-budget={kv_budget!r} must be more than 0 bytes")
         return analyze(run, constraints, objective, per_workload_slo=slo is None)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
+
+
+@dataclass(frozen=True)
+class BenchMap:
+    """The trade-off map that ends a ``kvmap bench`` run (``kvmap report`` with the
+    scenario's SLA): what ``kvmap.bench.command`` prints and exits by."""
+
+    analysis: Any                  # report.analysis.Analysis
+    report_path: Path
+
+    @property
+    def recommendation(self) -> dict:
+        return self.analysis.recommendation.to_dict()
+
+    def summary(self):
+        from kvmap.report.terminal import summary
+        return summary(self.analysis)
+
+
+def bench_tradeoff_map(run_dir: Path, err: Console) -> BenchMap | None:
+    """The map of the run just stored in ``run_dir``, or None after saying on ``err`` why
+    it failed (the run is stored either way)."""
+    from rich.markup import escape
+
+    from kvmap.kv.redact import redact_spec
+    from kvmap.report.analysis import analyze
+    from kvmap.report.html import write_report
+    from kvmap.report.loader import load_run
+    try:
+        analysis = analyze(load_run(run_dir))
+        return BenchMap(analysis, write_report(analysis))
+    except Exception as e:  # noqa: BLE001 -- the run is stored; say so and exit 1
+        err.print(escape(redact_spec(f"error: the trade-off map failed ({type(e).__name__}: "
+                                     f"{e}); the run is stored, retry with: kvmap report "
+                                     f"{run_dir}")))
+        return None
 
 
 def _console() -> Console:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.summary import cell_metric
+from kvmap.runs.record import CellRecord
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci
@@ -102,39 +102,39 @@ class ConfigSummary:
 
 # ---- building the summaries ---------------------------------------------------------------
 
-def primary_workload(cells: list[dict]) -> str | None:
+def primary_workload(cells: list[CellRecord]) -> str | None:
     """The workload with the most requests (first in scenario order on a tie)."""
     sizes: dict[str, int] = {}
     for c in cells:
-        if c.get("workload"):
-            n = cell_metric(c, "num_requests") or 0
-            sizes[c["workload"]] = max(sizes.get(c["workload"], 0), n)
+        if c.workload:
+            n = c.metric("num_requests") or 0
+            sizes[c.workload] = max(sizes.get(c.workload, 0), n)
     return max(sizes, key=lambda w: sizes[w]) if sizes else None
 
 
-def _level_key(c: dict) -> tuple:
+def _level_key(c: CellRecord) -> tuple:
     load = L.load_of(c)
-    return (c["workload"], load.get("label") if load else None)
+    return (c.workload, load.get("label") if load else None)
 
 
-def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: dict, slo: dict,
+def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, slo: dict,
                swept: set[str], seed: int) -> dict[str, list[dict]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
-    ok = [c for c in group if c["status"] == "ok"]
+    ok = [c for c in group if c.status == "ok"]
     for c in sorted(ok, key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
-        if c.get("workload"):          # a swept workload keeps its top level that ran
-            s.workloads[c["workload"]] = c["metrics"]
-            s.rows[c["workload"]] = rows_by_cell.get(c["cell_id"], [])
-            if c["metrics"].get("tiers"):
-                s.tiers[c["workload"]] = c["metrics"]["tiers"]
-            if c["metrics"].get("probes") and not s.probes:
-                s.probes = c["metrics"]["probes"]
+        if c.workload:          # a swept workload keeps its top level that ran
+            s.workloads[c.workload] = c.metrics
+            s.rows[c.workload] = rows_by_cell.get(c.cell_id, [])
+            if c.metrics.get("tiers"):
+                s.tiers[c.workload] = c.metrics["tiers"]
+            if c.metrics.get("probes") and not s.probes:
+                s.probes = c.metrics["probes"]
     for_slo = {w: rows for w, rows in s.rows.items() if w not in swept}
     for w in swept:
-        cells = [c for c in group if c.get("workload") == w and L.load_of(c)]
+        cells = [c for c in group if c.workload == w and L.load_of(c)]
         s.curves[w] = points = L.load_points(cells, rows_by_cell, slo, seed)
-        by_id = {c["cell_id"]: c for c in cells}
-        s.levels[w] = [(p.label, by_id[p.cell_id]["metrics"] if p.ok else None,
+        by_id = {c.cell_id: c for c in cells}
+        s.levels[w] = [(p.label, by_id[p.cell_id].metrics if p.ok else None,
                         rows_by_cell.get(p.cell_id, [])) for p in points]
         cap = L.sla_capacity(points, slo)
         if w == s.primary_workload:
@@ -146,9 +146,9 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: dict, slo: dic
             chosen = (within[-1] if within and cap.status in ("interpolated", "top")
                       else ran[0] if cap.status == "below" else ran[-1])
             for_slo[w] = rows_by_cell.get(chosen.cell_id, [])
-    primary_cells = [c for c in ok if c.get("workload") == s.primary_workload]
-    if primary_cells and all(idle_parts(s.kv, c["metrics"]) for c in primary_cells):
-        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, c["metrics"]))
+    primary_cells = [c for c in ok if c.workload == s.primary_workload]
+    if primary_cells and all(idle_parts(s.kv, c.metrics) for c in primary_cells):
+        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, c.metrics))
                                            for c in primary_cells)))
     return for_slo
 
@@ -185,7 +185,7 @@ def _link_bases(out: list[ConfigSummary]) -> None:
             s.equal_to = match.name if match else base
 
 
-def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
+def summarize(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]],
               slo: dict[str, float] | None = None, seed: int = 0,
               several_models: bool | None = None) -> list[ConfigSummary]:
     """One summary per (model, weight quantization, kv), in scenario order; names carry
@@ -193,23 +193,23 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
     slo = slo or {}
     primary = primary_workload(cells)
     swept = L.swept_workloads(cells)
-    groups: dict[tuple[str, str | None, str], list[dict]] = {}
+    groups: dict[tuple[str, str | None, str], list[CellRecord]] = {}
     for c in cells:
-        groups.setdefault((c["model"], c.get("quantization"), c["kv"]), []).append(c)
+        groups.setdefault((c.model, c.quantization, c.kv), []).append(c)
     if several_models is None:
         several_models = len({m for m, _, _ in groups}) > 1
     # the baseline: the model's dtype as KV codec, on unquantized weights
     base_workloads = {(m, *_level_key(c)): c for (m, q, kv), cs in groups.items() for c in cs
-                      if c.get("workload") and c["status"] == "ok" and kv == c.get("dtype")
+                      if c.workload and c.status == "ok" and kv == c.dtype
                       and q is None}
-    baselines = {(m, c["task"]): c for (m, q, kv), cs in groups.items() for c in cs
-                 if c.get("task") and kv == c.get("dtype") and q is None}
-    has_tasks = any(c.get("task") for c in cells)
-    models_with_tasks = {c["model"] for c in cells if c.get("task")}
+    baselines = {(m, c.task): c for (m, q, kv), cs in groups.items() for c in cs
+                 if c.task and kv == c.dtype and q is None}
+    has_tasks = any(c.task for c in cells)
+    models_with_tasks = {c.model for c in cells if c.task}
     out = []
     for (model, quantization, kv), group in groups.items():
-        ok = [c for c in group if c["status"] == "ok"]
-        dtype = group[0].get("dtype")
+        ok = [c for c in group if c.status == "ok"]
+        dtype = group[0].dtype
         endpoint = endpoint_of(group)
         label = endpoint["label"] if endpoint else \
             f"{quantization} weights + {kv}" if quantization else kv
@@ -221,24 +221,24 @@ def summarize(cells: list[dict], rows_by_cell: dict[str, list[dict]],
                           accuracy_na=(has_tasks and model not in models_with_tasks)
                           or model.lower().startswith(DUMMY_PREFIX),
                           endpoint=endpoint, memory_note=memory_note(group))
-        s.kv_bytes_per_token = next((cell_metric(c, "kv_bytes_per_token") for c in ok
-                                     if cell_metric(c, "kv_bytes_per_token")), None)
-        peaks = [cell_metric(c, "peak_kv_resident_bytes") for c in ok]
+        s.kv_bytes_per_token = next((c.metric("kv_bytes_per_token") for c in ok
+                                     if c.metric("kv_bytes_per_token")), None)
+        peaks = [c.metric("peak_kv_resident_bytes") for c in ok]
         peaks = [p for p in peaks if isinstance(p, (int, float))]
         s.peak_kv_bytes = max(peaks) if peaks else None
         for_slo = _workloads(s, group, rows_by_cell, slo, swept, seed)
         for c in group:
-            if c.get("task"):
+            if c.task:
                 base = endpoint_baseline(c, endpoint, cells) if endpoint else \
-                    baselines.get((model, c["task"]))
-                s.tasks[c["task"]] = task_result(c, base, seed)
-            elif c["status"] == "ok" and cell_metric(c, "needle_accuracy") is not None \
+                    baselines.get((model, c.task))
+                s.tasks[c.task] = task_result(c, base, seed)
+            elif c.status == "ok" and c.metric("needle_accuracy") is not None \
                     and not s.accuracy_na:       # random weights answer nothing
                 base = base_workloads.get((model, *_level_key(c)))
-                label = f"{c['workload']} (needle)"
+                label = f"{c.workload} (needle)"
                 s.tasks[label] = needle_result(
-                    c, base, rows_by_cell.get(c["cell_id"], []),
-                    rows_by_cell.get(base["cell_id"], []) if base else [])
+                    c, base, rows_by_cell.get(c.cell_id, []),
+                    rows_by_cell.get(base.cell_id, []) if base else [])
         drops = [t.drop_pct for t in s.tasks.values() if t.drop_pct is not None]
         s.accuracy_drop_pct = max(drops) if drops else None
         _primary_figures(s, slo, seed)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvmap.bench.block_sweep import base_name
+from kvmap.runs.record import CellRecord
+from kvmap.runs.names import base_name
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import Recommendation, recommend
 
 
 @dataclass
@@ -29,32 +31,32 @@ class Deployment:
     random_weights: bool = False         # every configuration has dummy weights
 
 
-def workload_names(cells: list[dict]) -> list[str]:
+def workload_names(cells: list[CellRecord]) -> list[str]:
     """The run's workloads in scenario order; a block-size sweep (``frag@bs8``,
     ``frag@bs16``, ...) is one deployment, judged at the first block size it lists (the
     fragmentation table compares the sizes)."""
     names: list[str] = []
     bases: set[str] = set()
     for c in cells:
-        w = c.get("workload")
+        w = c.workload
         if w and w not in names and base_name(w) not in bases:
             names.append(w)
             bases.add(base_name(w))
     return names
 
 
-def _key(c: dict) -> tuple:
-    return (c["model"], c.get("quantization"), c["kv"])
+def _key(c: CellRecord) -> tuple:
+    return (c.model, c.quantization, c.kv)
 
 
-def deployment_cells(cells: list[dict], workload: str) -> list[dict]:
+def deployment_cells(cells: list[CellRecord], workload: str) -> list[CellRecord]:
     """The workload's cells and the task cells of the configurations that ran it."""
-    ran = {_key(c) for c in cells if c.get("workload") == workload}
-    return [c for c in cells if c.get("workload") == workload
-            or (c.get("task") and _key(c) in ran)]
+    ran = {_key(c) for c in cells if c.workload == workload}
+    return [c for c in cells if c.workload == workload
+            or (c.task and _key(c) in ran)]
 
 
-def deployments(cells: list[dict], rows_by_cell: dict, constraints: Constraints,
+def deployments(cells: list[CellRecord], rows_by_cell: CellRecord, constraints: Constraints,
                 objective: str, workload_slo: dict[str, dict] | None,
                 scenario_slo: dict | None, seed: int = 0) -> list[Deployment]:
     """One ``Deployment`` per workload when the run has two or more (else none: the
@@ -63,7 +65,7 @@ def deployments(cells: list[dict], rows_by_cell: dict, constraints: Constraints,
     names = workload_names(cells)
     if len(names) < 2:
         return []
-    several_models = len({c["model"] for c in cells}) > 1     # names as in the whole run
+    several_models = len({c.model for c in cells}) > 1     # names as in the whole run
     out = []
     for w in names:
         if workload_slo is None:

@@ -22,52 +22,54 @@ its baseline's as kvmap's own are.
 """
 from __future__ import annotations
 
+from kvmap.runs.record import CellRecord
 from kvmap.evals.generation import record_agreement
 from kvmap.evals.stats import wilson_interval
 from kvmap.evals.topk import topk_comparison
 
 
-def endpoint_of(cells: list[dict]) -> dict | None:
+def endpoint_of(cells: list[CellRecord]) -> dict | None:
     """The ``metrics.endpoint`` of the first of ``cells`` that has one."""
-    return next(((c.get("metrics") or {}).get("endpoint") for c in cells
-                 if (c.get("metrics") or {}).get("endpoint")), None)
+    return next((c.metrics.get("endpoint") for c in cells
+                 if c.metrics.get("endpoint")), None)
 
 
-def endpoint_baseline(cell: dict, endpoint: dict, cells: list[dict]) -> dict | None:
+def endpoint_baseline(cell: CellRecord, endpoint: dict, cells: list[CellRecord]
+                      ) -> CellRecord | None:
     """The baseline cell of an endpoint's task cell (module docstring); None if none ran."""
     wanted = endpoint.get("baseline")
-    same_task = [c for c in cells if c.get("task") == cell["task"] and c is not cell]
+    same_task = [c for c in cells if c.task == cell.task and c is not cell]
     names = {(endpoint_of([c]) or {}).get("name") for c in same_task}
     if wanted is not None and wanted in names:
         return next(c for c in same_task if (endpoint_of([c]) or {}).get("name") == wanted)
-    own = [c for c in same_task if not endpoint_of([c]) and c.get("quantization") is None
-           and c["kv"] == (wanted or c.get("dtype"))]
-    own.sort(key=lambda c: c["model"] != cell["model"])
+    own = [c for c in same_task if not endpoint_of([c]) and c.quantization is None
+           and c.kv == (wanted or c.dtype)]
+    own.sort(key=lambda c: c.model != cell.model)
     return own[0] if own else None
 
 
-def memory_note(cells: list[dict]) -> str | None:
+def memory_note(cells: list[CellRecord]) -> str | None:
     """Why an endpoint has no memory coordinate (its cells' ``kv_memory_note``)."""
-    return next(((c.get("metrics") or {}).get("kv_memory_note") for c in cells
-                 if (c.get("metrics") or {}).get("kv_memory_note")), None)
+    return next((c.metrics.get("kv_memory_note") for c in cells
+                 if c.metrics.get("kv_memory_note")), None)
 
 
-def _records(cell: dict) -> list:
-    return list((cell.get("details") or {}).get("per_sample") or [])
+def _records(cell: CellRecord) -> list:
+    return list(cell.details.get("per_sample") or [])
 
 
-def topk_figures(cell: dict, baseline: dict | None, seed: int = 0) -> dict | None:
+def topk_figures(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> dict | None:
     """``kl_topk``, ``top1_topk`` with their ``*_ci95`` ... of ``cell`` against
     ``baseline`` (module docstring); None without a baseline or a top-k on both sides."""
-    if baseline is None or baseline is cell or baseline.get("status") != "ok":
+    if baseline is None or baseline is cell or baseline.status != "ok":
         return None
     return topk_comparison(_records(cell), _records(baseline), seed)
 
 
-def output_agreement(cell: dict, baseline: dict | None, seed: int = 0) -> dict | None:
+def output_agreement(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> dict | None:
     """A generation cell's agreement with its baseline's outputs (module docstring), with
     ``exact_match_ci95`` (Wilson); None without output ids on both sides."""
-    if baseline is None or baseline is cell or baseline.get("status") != "ok":
+    if baseline is None or baseline is cell or baseline.status != "ok":
         return None
     out = record_agreement(_records(cell), _records(baseline), seed)
     if out is not None:

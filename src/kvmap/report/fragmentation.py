@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmap.bench.block_sweep import base_name
+from kvmap.runs.record import CellRecord
+from kvmap.runs.names import base_name
 from kvmap.config import format_bytes
 
 REFERENCE_BLOCK_SIZE = 16
@@ -41,11 +42,11 @@ class FragmentationRow:
     tbt_p50_ratio: float | None
 
 
-def _block_size(cell: dict) -> int | None:
-    size = (cell.get("metrics") or {}).get("kv_block_size")
+def _block_size(cell: CellRecord) -> int | None:
+    size = cell.metrics.get("kv_block_size")
     if isinstance(size, int):
         return size
-    name = cell.get("workload") or ""
+    name = cell.workload or ""
     tail = name[len(base_name(name)) + len("@bs"):]
     return int(tail) if tail.isdigit() else None
 
@@ -59,20 +60,20 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
 
 
-def fragmentation_rows(cells: list[dict]) -> list[FragmentationRow]:
+def fragmentation_rows(cells: list[CellRecord]) -> list[FragmentationRow]:
     """Rows for every block-size sweep of the run, in the cells' order (module docstring)."""
     groups: dict[tuple, dict[int, dict]] = {}
     for c in cells:
-        name = c.get("workload")
-        if c.get("status") != "ok" or not name or base_name(name) == name \
-                or (c.get("metrics") or {}).get("endpoint"):    # a server's own block size
+        name = c.workload
+        if c.status != "ok" or not name or base_name(name) == name \
+                or c.metrics.get("endpoint"):    # a server's own block size
             continue
         size = _block_size(c)
         if size is None:
             continue
-        load = (c.get("load") or {}).get("label")
-        key = (c["model"], c.get("quantization"), c["kv"], base_name(name), load)
-        groups.setdefault(key, {})[size] = c["metrics"]
+        load = (c.load or {}).get("label")
+        key = (c.model, c.quantization, c.kv, base_name(name), load)
+        groups.setdefault(key, {})[size] = c.metrics
     several_models = len({k[0] for k in groups}) > 1
     rows = []
     for (model, quant, kv, workload, load), by_size in groups.items():
@@ -112,7 +113,7 @@ def formatted(row: FragmentationRow) -> list[str]:
             num(row.tbt_p50_ratio, "{:.2f}x")]
 
 
-def fragmentation_table(cells: list[dict]):
+def fragmentation_table(cells: list[CellRecord]):
     """A rich ``Table`` of ``fragmentation_rows``, or None when the run has no sweep."""
     from rich.table import Table
     rows = fragmentation_rows(cells)

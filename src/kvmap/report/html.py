@@ -16,7 +16,7 @@ from kvmap.report.analysis import Analysis
 from kvmap.report.fragmentation import HEADERS as FRAGMENTATION_HEADERS
 from kvmap.report.fragmentation import formatted, fragmentation_rows
 from kvmap.report.intervals import METHOD
-from kvmap.report.recommend import fmt, slo_text
+from kvmap.report.constraints import fmt, slo_text
 from kvmap.report.table import metric_rows, slug
 from kvmap.report.timeseries import timeseries_figures
 
@@ -49,7 +49,7 @@ def context(a: Analysis) -> dict:
                                    if r.grid))
     headers, rows = metric_rows(a.configs, seed=meta.get("seed") or 0)
     names, checklist_rows = _checklist_matrix(a)
-    env = a.run.cells[0].get("env") or {}
+    env = a.run.cells[0].env or {}
     figures = {
         "tradeoff": plots.tradeoff_map(a.configs, rec.choice),
         "cdfs": plots.latency_cdfs(a.configs),
@@ -74,8 +74,8 @@ def context(a: Analysis) -> dict:
                 "machine": meta.get("machine") or {}, "versions": meta.get("versions") or {},
                 "command": " ".join(meta.get("command") or []),
                 "num_cells": len(a.run.cells),
-                "failed": [c for c in a.run.cells if c["status"] != "ok"],
-                "load": [c.get("env", {}).get("load_avg_1m_end") for c in a.run.cells],
+                "failed": [c for c in a.run.cells if c.status != "ok"],
+                "load": [(c.env or {}).get("load_avg_1m_end") for c in a.run.cells],
                 "num_threads": env.get("num_threads")},
         "recommendation": rec, "recommendation_lines": rec.lines(),
         "constraints": constraints, "objective": rec.objective,

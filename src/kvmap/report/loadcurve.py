@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmap.runs.record import CellRecord
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci
 from kvmap.report.slo import measure_key, request_groups, split_key
@@ -77,8 +78,8 @@ class Capacity:
         return -1.0 if self.value is None else self.value
 
 
-def load_of(cell: dict) -> dict | None:
-    load = cell.get("load")
+def load_of(cell: CellRecord) -> dict | None:
+    load = cell.load
     return load if isinstance(load, dict) and load.get("value") is not None else None
 
 
@@ -98,7 +99,7 @@ def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | No
     return (ci["ci_low"], ci["ci_high"]) if ci else None
 
 
-def load_points(cells: list[dict], rows_by_cell: dict[str, list[dict]], slo: dict,
+def load_points(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]], slo: dict,
                 seed: int = 0) -> list[LoadPoint]:
     """The curve of one configuration on one swept workload, in increasing load."""
     out = []
@@ -106,11 +107,11 @@ def load_points(cells: list[dict], rows_by_cell: dict[str, list[dict]], slo: dic
         load = load_of(c)
         common = dict(label=str(load.get("label") or load["value"]),
                       kind=str(load.get("kind") or ""), value=float(load["value"]),
-                      cell_id=c["cell_id"])
-        if c["status"] != "ok":
+                      cell_id=c.cell_id)
+        if c.status != "ok":
             out.append(LoadPoint(**common, ok=False))
             continue
-        m, rows = c.get("metrics") or {}, rows_by_cell.get(c["cell_id"], [])
+        m, rows = c.metrics or {}, rows_by_cell.get(c.cell_id, [])
         keys = list(dict.fromkeys([*slo, "ttft_p99_s", "tbt_p99_s"]))
         out.append(LoadPoint(
             **common, ok=True,
@@ -118,7 +119,7 @@ def load_points(cells: list[dict], rows_by_cell: dict[str, list[dict]], slo: dic
             throughput_ci=throughput_ci(m, rows),
             measured={k: _level_value(m, rows, k) for k in keys},
             measured_ci={k: _level_ci(rows, k, seed) for k in keys},
-            concurrency_max=m.get("concurrency_max"), idle=tuple(idle_parts(c["kv"], m))))
+            concurrency_max=m.get("concurrency_max"), idle=tuple(idle_parts(c.kv, m))))
     return out
 
 
@@ -176,10 +177,10 @@ def sla_capacity(points: list[LoadPoint], slo: dict) -> Capacity:
     return Capacity(value, status, kind, lowest, top, ci, gaps)
 
 
-def swept_workloads(cells: list[dict]) -> set[str]:
+def swept_workloads(cells: list[CellRecord]) -> set[str]:
     """Workloads with more than one load level among ``cells``."""
     levels: dict[str, set] = {}
     for c in cells:
-        if c.get("workload") and load_of(c):
-            levels.setdefault(c["workload"], set()).add(float(load_of(c)["value"]))
+        if c.workload and load_of(c):
+            levels.setdefault(c.workload, set()).add(float(load_of(c)["value"]))
     return {w for w, v in levels.items() if len(v) > 1}

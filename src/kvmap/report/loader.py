@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 
 
 @dataclass
@@ -18,8 +19,8 @@ class Run:
 
     run_dir: Path
     metadata: dict
-    cells: list[dict]
-    rows_by_cell: dict[str, list[dict]] = field(default_factory=dict)
+    cells: list[CellRecord]
+    rows_by_cell: CellRecord[str, list[dict]] = field(default_factory=dict)
 
     @property
     def scenario(self) -> dict:
@@ -59,7 +60,7 @@ def load_run(run_dir: str | Path) -> Run:
     cells = store.cells()
     if not cells:
         raise ValueError(f"run directory {str(run_dir)!r} holds no finished cell yet")
-    rows_by_cell: dict[str, list[dict]] = {}
+    rows_by_cell: CellRecord[str, list[dict]] = {}
     for row in store.requests().to_pylist():
         rows_by_cell.setdefault(row["cell_id"], []).append(row)
     return Run(Path(run_dir), store.metadata(), cells, rows_by_cell)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvmap.runs.record import CellRecord
 from kvmap.evals.stats import bootstrap_mean_ci, paired_delta
 
 Z95 = 1.959963984540054
@@ -39,10 +40,10 @@ def wilson(num_successes: float, num_trials: int, z: float = Z95) -> tuple[float
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def per_sample(cell: dict | None) -> list:
+def per_sample(cell: CellRecord | None) -> list:
     if not cell:
         return []
-    return list((cell.get("details") or {}).get("per_sample") or [])
+    return list(cell.details.get("per_sample") or [])
 
 
 def _value(sample, key: str) -> float | None:

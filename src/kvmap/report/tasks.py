@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.summary import cell_metric
+from kvmap.runs.record import CellRecord
 from kvmap.evals.stats import paired_delta
 from kvmap.report import samples as S
 from kvmap.report.endpoints import output_agreement, topk_figures
@@ -66,15 +66,17 @@ def _ppl(result: TaskResult, m: dict, mine: list, theirs: list, seed: int) -> No
                 result.drop_pct = d["mean"]
 
 
-def _accuracy(result: TaskResult, cell: dict, baseline: dict | None, seed: int) -> None:
-    m, mine = cell.get("metrics") or {}, S.per_sample(cell)
+def _accuracy(result: TaskResult, cell: CellRecord, baseline: CellRecord | None,
+              seed: int) -> None:
+    m, mine = cell.metrics, S.per_sample(cell)
     n = m.get("num_samples") or m.get("n") or len(mine) or None
     result.num_samples = n
     result.value_ci = _pair(m.get("accuracy_ci95")) or (
-        S.wilson(round(m["accuracy"] * n), n) if n else None)
+        S.wilson(round(m["accuracy"] * n), n) if n and m.get("accuracy") is not None
+        else None)
     if m.get("negative_rate") is not None:
         result.negative = S.Rate(m["negative_rate"], _pair(m.get("negative_rate_ci95")), n or 0)
-    if baseline is None or baseline["status"] != "ok":
+    if baseline is None or baseline.status != "ok":
         return
     if baseline is cell:
         result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
@@ -83,45 +85,47 @@ def _accuracy(result: TaskResult, cell: dict, baseline: dict | None, seed: int) 
     d = S.accuracy_drop(mine, theirs, seed)
     if d is not None:
         result.drop_pct, result.drop_ci = d["mean"], d["ci"]
-    elif cell_metric(baseline, "accuracy") is not None:
-        result.drop_pct = 100.0 * (cell_metric(baseline, "accuracy") - m["accuracy"])
+    elif baseline.metric("accuracy") is not None and m.get("accuracy") is not None:
+        result.drop_pct = 100.0 * (baseline.metric("accuracy") - m["accuracy"])
     if result.negative is None:
         result.negative = S.negative_rate(mine, theirs)
 
 
-def task_result(cell: dict, baseline: dict | None, seed: int = 0) -> TaskResult:
-    name, m = cell["task"], cell.get("metrics") or {}
-    if cell["status"] != "ok":
+def task_result(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> TaskResult:
+    """The task of ``cell`` against ``baseline``'s cell of the same task, judged by the
+    kind the record carries (``CellRecord.task_kind``)."""
+    name, m, kind = cell.task, cell.metrics, cell.task_kind or "other"
+    if not cell.ok:
         return TaskResult(name, "other", failed=True)
     mine = S.per_sample(cell)
     theirs = S.per_sample(baseline) if baseline is not None and baseline is not cell \
-        and baseline["status"] == "ok" else []
-    if m.get("ppl") is not None:
-        result = TaskResult(name, "ppl", m["ppl"], num_samples=len(mine) or None)
+        and baseline.ok else []
+    if kind == "ppl":
+        result = TaskResult(name, "ppl", m.get("ppl"), num_samples=len(mine) or None)
         if baseline is cell:
             result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
         else:
             _ppl(result, m, mine, theirs, seed)
             result.topk = topk_figures(cell, baseline, seed)
-    elif m.get("accuracy") is not None:
-        result = TaskResult(name, "accuracy", m["accuracy"], grid=list(m.get("grid") or []))
+    elif kind == "accuracy":
+        result = TaskResult(name, "accuracy", m.get("accuracy"),
+                            grid=list(m.get("grid") or []))
         _accuracy(result, cell, baseline, seed)
-    else:                       # a natural-stopping generation task is judged by length
-        result = TaskResult(name, "generation" if S.has_lengths(mine) else "other",
-                            num_samples=len(mine) or None)
+    else:             # "generation" (natural stopping) is judged by length, below
+        result = TaskResult(name, kind, num_samples=len(mine) or None)
     if S.has_lengths(mine) and S.has_lengths(theirs):
         result.inflation = S.inflation(mine, theirs, seed)
     result.agreement = output_agreement(cell, baseline, seed)
     return result
 
 
-def needle_result(cell: dict, baseline: dict | None, rows: list[dict],
+def needle_result(cell: CellRecord, baseline: CellRecord | None, rows: list[dict],
                   baseline_rows: list[dict]) -> TaskResult:
     """A workload with needle questions (``needle_accuracy``): an accuracy task whose
     samples are its requests, paired with the baseline's by request id; its grid is
     prompt length x needle depth."""
-    name = f"{cell['workload']} (needle)"
-    result = TaskResult(name, "accuracy", cell_metric(cell, "needle_accuracy"))
+    name = f"{cell.workload} (needle)"
+    result = TaskResult(name, "accuracy", cell.metric("needle_accuracy"))
     judged = [r for r in rows if r.get("correct") is not None]
     cells: dict[tuple[int, float], list[bool]] = {}
     for r in judged:

@@ -70,7 +70,7 @@ def recommendation_text(a: Analysis) -> Text:
 
 def deployments_text(a: Analysis) -> Text:
     """Each deployment's SLA and recommendation (empty for a one-workload run)."""
-    from kvmap.report.recommend import slo_text
+    from kvmap.report.constraints import slo_text
     text = Text()
     for d in a.deployments:
         rec = d.recommendation
@@ -105,7 +105,7 @@ def summary(a: Analysis) -> Group:
 
 def constraint_table(a: Analysis) -> Table:
     """Every configuration against every constraint (measured value, red when missed)."""
-    from kvmap.report.recommend import fmt
+    from kvmap.report.constraints import fmt
     rec = a.recommendation
     labels = [k.label for k in next(iter(rec.checks.values()), [])]
     table = Table(title="constraints", title_justify="left", header_style="bold")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvmap.bench.store import RunStore
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
 from kvmap.report.plots import Figure, color, encode
 
 MIB = 1024 * 1024
@@ -44,15 +45,15 @@ def cell_figure(columns: dict, title: str) -> str:
     return encode(fig)
 
 
-def timeseries_figures(run_dir: str | Path, cells: list[dict]) -> list[tuple[str, str]]:
+def timeseries_figures(run_dir: str | Path, cells: list[CellRecord]) -> list[tuple[str, str]]:
     """``(label, base64 PNG)`` for each workload cell that has a stored series."""
     store, out = RunStore(run_dir), []
     for cell in cells:
-        if cell.get("kind") != "workload" and not cell.get("workload"):
+        if cell.kind != "workload" and not cell.workload:
             continue
-        table = store.timeseries(cell["cell_id"])
+        table = store.timeseries(cell.cell_id)
         if table is None or table.num_rows < 2:
             continue
-        label = f"{cell.get('kv')} | {cell.get('workload')}"
+        label = f"{cell.kv} | {cell.workload}"
         out.append((label, cell_figure(table.to_pydict(), label)))
     return out

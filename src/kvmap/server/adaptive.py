@@ -76,7 +76,7 @@ SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
 
 
 @dataclass(frozen=True)
-class Level:
+class AdaptiveLevel:
     kv: str
     up: dict = field(default_factory=dict)      # signal -> threshold to enter this level
     down: dict = field(default_factory=dict)    # signal -> threshold to leave it downwards
@@ -93,7 +93,7 @@ class Level:
 
 @dataclass(frozen=True)
 class AdaptivePolicy:
-    levels: tuple[Level, ...]
+    levels: tuple[AdaptiveLevel, ...]
     window_s: float = 10.0
     min_dwell_s: float = 5.0
     interval_s: float = 0.25
@@ -148,9 +148,10 @@ class AdaptivePolicy:
                 KVConfig.parse(raw["kv"])
             except ValueError as e:
                 raise ValueError(f"levels[{i}].kv: {e}") from None
-            levels.append(Level(raw["kv"], _thresholds(raw.get("up"), f"levels[{i}].up"),
-                                _thresholds(raw.get("down"), f"levels[{i}].down"),
-                                **{k: raw[k] for k in SCHEDULER_KEYS if k in raw}))
+            levels.append(AdaptiveLevel(raw["kv"],
+                                        _thresholds(raw.get("up"), f"levels[{i}].up"),
+                                        _thresholds(raw.get("down"), f"levels[{i}].down"),
+                                        **{k: raw[k] for k in SCHEDULER_KEYS if k in raw}))
         options = {k: data[k] for k in ("window_s", "min_dwell_s", "interval_s") if k in data}
         return cls(levels=tuple(levels), **options)
 

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from kvmap.cli_options import engine_options
+from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_spec
 from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STOP_CHARS,
                                  DEFAULT_MAX_STOP_STRINGS, DEFAULT_REQUEST_TIMEOUT_S,
@@ -17,38 +19,30 @@ from kvmap.server.security import API_KEY_ENV, allowed_hosts_for, is_loopback
 log = logging.getLogger("kvmap.server")
 
 
-def build_server(model: str | None = None, kv: str = "auto", *, dtype: str = "auto",
-                 quantization: str | None = None,
-                 kv_memory: str = "256MiB", num_blocks: int | None = None,
-                 block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, max_queue: int | None = 256,
+def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 256,
                  adaptive: str | None = None, served_model_name: str | None = None,
                  max_body_bytes: int | None = None, max_tokens_limit: int | None = None,
-                 device: str | None = None, seed: int = 0, host: str = "127.0.0.1",
+                 host: str = "127.0.0.1",
                  api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
                  request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                  max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS,
                  max_stop_chars: int = DEFAULT_MAX_STOP_CHARS,
                  max_prompt_chars: int | None = None):
-    """Load the model and build the app (not started). Raises ValueError on bad options.
-    With ``adaptive``, the policy's first level is the starting KV configuration and
-    ``kv`` is ignored. ``host``: the address it will be bound to (a loopback bind checks
+    """Load the model and build the app (not started), its engines from ``engine``.
+    Raises ValueError on bad options. With ``adaptive``, the policy's first level is
+    the starting KV configuration and ``engine.kv`` is ignored. ``host``: the address it will be bound to (a loopback bind checks
     Host headers against loopback names and ``allowed_hosts``). ``api_key`` (else
     ``$KVMAP_API_KEY``): required as a Bearer token on every route but /health."""
-    import torch
-
-    from kvmap.config import EngineArgs
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
     from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
     from kvmap.server.engines import check_kv_specs, make_engine_factory
     from kvmap.server.metrics import ServerMetrics
 
-    if device is None and not torch.cuda.is_available():
-        device = "cpu"
     policy = AdaptivePolicy.load(adaptive) if adaptive else None
-    if policy is not None:
-        kv = policy.levels[0].kv
+    if policy is not None:              # the starting level's spec and batch limits
+        engine = replace(engine, kv=policy.levels[0].kv,
+                         **policy.levels[0].scheduler_overrides())
     limits = ServerLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                           max_tokens_limit=max_tokens_limit,
                           max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
@@ -57,14 +51,7 @@ def build_server(model: str | None = None, kv: str = "auto", *, dtype: str = "au
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     if max_tokens_limit is not None and max_tokens_limit < 1:
         raise ValueError(f"max_tokens_limit={max_tokens_limit} must be >= 1")
-    config = EngineArgs(model=model, dtype=dtype, kv_memory=kv_memory,
-                        num_blocks=num_blocks, block_size=block_size,
-                        max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens,
-                        device=device, seed=seed, quantization=quantization)
-    if policy is not None:              # the starting level's own batch limits, if any
-        config = replace(config, **policy.levels[0].scheduler_overrides())
-    first, factory = make_engine_factory(config, kv)
+    first, factory = make_engine_factory(engine)
     if policy is not None:
         check_kv_specs(first, [level.kv for level in policy.levels])
     name = served_model_name or first.model_id
@@ -73,7 +60,7 @@ def build_server(model: str | None = None, kv: str = "auto", *, dtype: str = "au
     if controller is not None:
         import time
         controller.last_switch_s = time.perf_counter()
-    loop = EngineLoop(factory, kv, metrics, max_queue=max_queue, controller=controller,
+    loop = EngineLoop(factory, engine.kv, metrics, max_queue=max_queue, controller=controller,
                       first_engine=first, request_timeout_s=limits.request_timeout_s)
     if api_key is None and not is_loopback(host):
         log.warning("kvmap serve binds %s, which is not a loopback address, without an API "
@@ -86,23 +73,14 @@ def build_server(model: str | None = None, kv: str = "auto", *, dtype: str = "au
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @engine_options("model", "kv", "dtype", "quantization", "kv_memory", "max_num_seqs",
+                    "max_num_batched_tokens")
     def serve(
-        model: Optional[str] = typer.Option(None, help="GGUF path, HF dir, dummy:<shape>; "
-                                                        "default: embedded SmolLM2-135M."),
-        kv: str = typer.Option("auto", help="KV spec, e.g. 'int8(granularity=token)' "
-                                            "(auto: the compute dtype's own cache)"),
         host: str = typer.Option("127.0.0.1"),
         port: int = typer.Option(8000),
         max_queue: int = typer.Option(256, help="Requests that may wait for the engine; "
                                                 "more get 503."),
         adaptive: Optional[str] = typer.Option(None, help="Adaptive KV policy file (YAML)"),
-        dtype: str = typer.Option("auto", help="auto | fp32 | bf16 | fp16 (auto: the "
-                                               "fastest exact dtype here)"),
-        quantization: Optional[str] = typer.Option(None, help="Weights: int8 | w8a8 | int4"),
-        kv_memory: str = typer.Option("256MiB", help="KV pool budget per engine: bytes "
-                                     "(256MiB) or the model's bf16 tokens ('3072 tokens')"),
-        max_num_seqs: int = typer.Option(64, help="Running sequences at once"),
-        max_num_batched_tokens: int = typer.Option(512, help="Token budget of one step"),
         served_model_name: Optional[str] = typer.Option(None, help="Name in /v1/models "
                                                                    "(default: the model id)"),
         max_tokens_limit: Optional[int] = typer.Option(None, help="Most tokens one request "
@@ -123,6 +101,7 @@ def register(app: typer.Typer) -> None:
                                                 help="Host header names a loopback server "
                                                      "also answers ('*': any)"),
         log_level: str = typer.Option("warning", help="uvicorn log level"),
+        engine: EngineArgs | None = None,       # made by @engine_options
     ):
         """Serve the OpenAI-compatible API (completions, chat, metrics) on uvicorn."""
         import uvicorn
@@ -136,9 +115,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--max-body-bytes={max_body_bytes} must be >= 1")
         try:
             server_app, loop = build_server(
-                model, kv, dtype=dtype, quantization=quantization, kv_memory=kv_memory,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
+                engine, max_queue=max_queue,
                 adaptive=adaptive, served_model_name=served_model_name,
                 max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
                 host=host, api_key=api_key, allowed_hosts=tuple(allowed_hosts),

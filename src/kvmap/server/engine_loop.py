@@ -4,7 +4,7 @@ own asyncio queue.
 Threads. The event loop (uvicorn) parses requests and writes responses; one engine thread
 owns every ``Engine`` and is the only thread that touches them. The two meet in
 
-- an inbox (a list under a condition variable) of ``commands`` --
+- an inbox (a list under a condition variable) of commands (``inbox.py``) --
   ``AddRequest``, ``AbortRequest``, ``CallInEngine`` -- applied between steps;
 - per-request ``RequestStream`` queues, fed from the engine thread with
   ``loop.call_soon_threadsafe(queue.put_nowait, item)`` and read with a deadline.
@@ -42,7 +42,7 @@ from kvmap.request import SamplingParams
 from kvmap.server.adaptive import AdaptiveController, LatencyWindow
 from kvmap.server.adaptive_switch import SwitchEvent, switch_if_asked
 from kvmap.server.engine_faults import BatchRecorder, RestartBudget, StepFault, classify
-from kvmap.server.commands import AbortRequest, AddRequest, CallInEngine, Command
+from kvmap.server.inbox import AbortRequest, AddRequest, CallInEngine, Command
 from kvmap.server.messages import (EngineDeadError, QueueFullError, Rejected,
                                    RequestFailedError, RequestTimeoutError)
 from kvmap.server.metrics import ServerMetrics

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.bench.timeseries import kv_waste
 from kvmap.engine.engine import Engine
+from kvmap.engine.stats import kv_waste
 
 
 @dataclass(frozen=True)

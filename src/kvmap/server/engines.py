@@ -3,7 +3,8 @@ gets its own ``Engine`` (own paged pool, scheduler, prefix cache) over the same 
 
 ``kvmap.config.EngineArgs`` holds what ``kvmap serve`` takes on the command line;
 ``make_engine_factory`` returns the first engine and a factory ``kv spec -> Engine``
-for the adaptive controller's later switches. Every engine gets the same
+for the adaptive controller's later switches, all built by
+``kvmap.engine.builder.build_engine``. Every engine gets the same
 ``kv_memory`` budget (bytes, or the model's bf16 tokens), so a compressed configuration
 gets more blocks (that is the point of switching to it under load).
 """
@@ -11,36 +12,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
-from kvmap.config import DTYPES, EngineArgs
+from kvmap.config import EngineArgs
+from kvmap.engine.builder import build_engine
 from kvmap.engine.engine import Engine
 from kvmap.kv.config import KVConfig
-from kvmap.model.byte_tokenizer import ByteTokenizer
 
 
-def make_engine_factory(config: EngineArgs, kv: str):
-    """-> (first engine with KV spec ``kv``, factory ``spec -> Engine`` sharing its model).
+def make_engine_factory(config: EngineArgs):
+    """-> (first engine, of ``config.kv``; factory ``spec -> Engine`` sharing its model).
 
     A model without a tokenizer (``dummy:*``) gets the ``ByteTokenizer``."""
-    from kvmap.model.loader import load_model      # heavy imports only when serving
-    config = replace(config, kv=kv).resolved()     # dtype/kv "auto": this machine's
-    dtype = config.dtype
-    kv_config = KVConfig.parse(config.kv, dtype)   # a bad spec fails before loading weights
-    engine_config = config.engine_config()
-    loaded = load_model(config.model, getattr(torch, DTYPES[dtype]), config.device,
-                        quantization=config.quantization)
-    if loaded.tokenizer is None:
-        loaded.tokenizer = ByteTokenizer.for_model(loaded.config)
-    first = Engine(engine_config, loaded, kv_config)
+    config = config.resolved()               # dtype/kv "auto", device: this machine's
+    first = build_engine(config, byte_tokenizer=True)
 
     def factory(spec: str, **scheduler_overrides: int) -> Engine:
         """A new engine for ``spec``; ``scheduler_overrides``: an adaptive level's own
         ``max_num_seqs`` / ``max_num_batched_tokens``."""
-        scheduler = replace(engine_config.scheduler, **scheduler_overrides)
-        spec = dtype if spec.strip() == "auto" else spec
-        return Engine(replace(engine_config, kv=spec, scheduler=scheduler), loaded,
-                      KVConfig.parse(spec, dtype), model=first.model)
+        spec = config.dtype if spec.strip() == "auto" else spec
+        return build_engine(replace(config, kv=spec), share_with=first,
+                            **scheduler_overrides)
 
     return first, factory
 

@@ -1,4 +1,4 @@
-"""What the engine thread answers a request with (commands to it: ``commands``).
+"""What the engine thread answers a request with (commands to it: ``inbox``).
 
 Answers (engine thread -> a request's queue) are a
 ``Delta`` per step, ``Accepted`` / ``Rejected`` for a submit, or an exception. The

@@ -21,9 +21,9 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvmap.hardware.process import proc_io
 from kvmap.metrics import percentile
 from kvmap.server.engine_state import engine_state, tier_windows
-from kvmap.bench.timeseries import proc_io
 
 # vLLM v1 (vllm/v1/metrics/loggers.py) bucket boundaries, seconds
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kvmap.engine.engine import Engine
 from kvmap.request import Request
 from kvmap.server.detokenize import IncrementalDetokenizer
-from kvmap.server.commands import AddRequest
+from kvmap.server.inbox import AddRequest
 from kvmap.server.messages import ACCEPTED, Delta, EngineDeadError, Rejected
 from kvmap.server.request_stream import RequestStream
 

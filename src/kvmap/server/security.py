@@ -15,7 +15,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
-from kvmap.bench.endpoint_spec import is_loopback
+from kvmap.hosts import is_loopback
 from kvmap.server.errors import error_body
 
 log = logging.getLogger("kvmap.server")

@@ -20,6 +20,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from kvmap.cli_errors import fail
+
 DEFAULT_SPACE = {"codecs": ["bf16", "int8", "int4"],
                  "policies": [{"name": "streaming_llm", "budgets": [0.125, 0.25, 0.5, 0.75]}]}
 
@@ -51,7 +53,7 @@ def tune(
     from kvmap.kv.redact import redact_spec
     from kvmap.metrics import parse_slo
     from kvmap.report.command import parse_percent
-    from kvmap.report.recommend import Constraints
+    from kvmap.report.constraints import Constraints
     from kvmap.tune.path import path_table
     from kvmap.tune.run import run_tune
     from kvmap.tune.setup import DEFAULT_WORKLOAD, TuneSetup, parse_workload
@@ -68,8 +70,7 @@ def tune(
         result = run_tune(setup, chosen, constraints, objective, out, max_cells=max_cells,
                           max_minutes=max_minutes, console=err)
     except ValueError as e:
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
+        fail(redact_spec(str(e)))
     rec = result.recommendation
     if as_json:
         typer.echo(json.dumps({"run_dir": str(out), "num_cells": result.num_cells,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvmap.report.configs import ConfigSummary, summarize
-from kvmap.report.recommend import Constraints, check, higher_is_better, objective_value
+from kvmap.report.constraints import Constraints, check
+from kvmap.report.recommend import higher_is_better, objective_value
 
 @dataclass(frozen=True)
 class Point:
@@ -38,9 +39,9 @@ def summary_of(records: list[dict], baseline: list[dict], rows_by_cell: dict, kv
                slo: dict, seed: int = 0) -> ConfigSummary:
     """The report's summary of the configuration ``kv`` from its own ``records`` and
     the baseline's task ``records`` (the pairing partners)."""
-    ids = {r["cell_id"] for r in records}
-    cells = records + [b for b in baseline if b["cell_id"] not in ids]
-    rows = {r["cell_id"]: rows_by_cell.get(r["cell_id"], []) for r in records}
+    ids = {r.cell_id for r in records}
+    cells = records + [b for b in baseline if b.cell_id not in ids]
+    rows = {r.cell_id: rows_by_cell.get(r.cell_id, []) for r in records}
     return next(s for s in summarize(cells, rows, slo, seed) if s.kv == kv)
 
 

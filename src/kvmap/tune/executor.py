@@ -81,7 +81,7 @@ class Executor:
                              show_progress=False)
         if fresh or self.run_data is None:
             self.run_data = self._read()
-        by_id = {c["cell_id"]: c for c in self.run_data.cells}
+        by_id = {c.cell_id: c for c in self.run_data.cells}
         return {c.cell_id: by_id[c.cell_id] for c in cells}
 
     def _read(self) -> Run:

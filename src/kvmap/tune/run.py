@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvmap.bench.backends import CellBackend
-from kvmap.report.recommend import Constraints
+from kvmap.report.constraints import Constraints
 from kvmap.report.recommend import check_objective
 from kvmap.tune.executor import Executor
 from kvmap.tune.path import write_path

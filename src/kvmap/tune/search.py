@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmap.config import format_bytes
-from kvmap.report.recommend import Constraints, Recommendation, recommend
+from kvmap.report.constraints import Constraints
+from kvmap.report.recommend import Recommendation, recommend
 from kvmap.tune.evaluate import Point, Verdict, better, renamed, summary_of, verdict
 from kvmap.tune.executor import BudgetExhausted, Executor
 from kvmap.tune.path import Step
@@ -95,7 +96,7 @@ class Search:
         """The report's summary of ``point``: from its screen cells (``screen``) or from
         its other cells -- what the main run, and so ``kvmap report``, holds."""
         run = self.ex.run_data
-        by_id = {c["cell_id"]: c for c in run.cells}
+        by_id = {c.cell_id: c for c in run.cells}
 
         def mine(p: Point, tasks_only: bool = False) -> list[dict]:
             return [by_id[c.cell_id] for c in self.cells.get(p, []) if c.cell_id in by_id

@@ -1,4 +1,5 @@
-"""Builders: turn a ``WorkloadSpec`` into prompts. One function per ``spec.kind``.
+"""Builders: turn a ``WorkloadSpec`` into prompts. One function per ``spec.kind``, each
+registered as that kind in ``WORKLOAD_KINDS`` (``spec.py``).
 
 Each builder returns drafts -- ``WorkloadRequest``s with an empty ``request_id`` and, except
 for traces, no ``arrival_s`` -- in the order they should be sent; ``presets.build_requests``
@@ -14,7 +15,7 @@ import numpy as np
 
 from kvmap.workloads.corpus import TextSource
 from kvmap.workloads.lengths import Fixed
-from kvmap.workloads.spec import WorkloadRequest, WorkloadSpec
+from kvmap.workloads.spec import WORKLOAD_KINDS, WorkloadRequest, WorkloadSpec
 from kvmap.workloads.trace import load_trace
 
 CITIES = ("Lisbon", "Nairobi", "Osaka", "Montreal", "Cusco", "Tromso", "Hanoi", "Tbilisi",
@@ -25,6 +26,7 @@ _SENTENCE_GAP = re.compile(r"(?<=[.!?])\s+")
 _SENTENCE_END = re.compile(r'[.!?]["”)]?(?=\s|$)')
 
 
+@WORKLOAD_KINDS.register("synthetic")
 def build_synthetic(spec: WorkloadSpec, source: TextSource) -> list[WorkloadRequest]:
     """Independent prompts of ``prompt_len`` tokens asking for ``output_len`` tokens."""
     n = spec.num_requests
@@ -52,6 +54,7 @@ def needle_prompt(document: str, depth: float, city: str, number: str) -> tuple[
     return f"{body}\n\n{question}", cut / max(1, len(document))
 
 
+@WORKLOAD_KINDS.register("long-context")
 def build_long_context(spec: WorkloadSpec, source: TextSource) -> list[WorkloadRequest]:
     """Documents of ~``prompt_len`` tokens (up to one sentence less: the document ends on a
     full stop) with a needle at depths evenly spaced in [0, 1].
@@ -118,39 +121,43 @@ def _interleave(queues: list[list[WorkloadRequest]], rng: np.random.Generator
     return merged
 
 
+@WORKLOAD_KINDS.register("multi-turn")
 def build_multi_turn(spec: WorkloadSpec, source: TextSource) -> list[WorkloadRequest]:
     """Conversations sent turn by turn: every turn 0, then every turn 1, ..."""
     conversations = _conversations(spec, source, spec.num_requests)
     return [conv[t] for t in range(spec.num_turns) for conv in conversations if t < len(conv)]
 
 
+def mixed_counts(num_requests: int) -> tuple[int, int, int]:
+    """A mixed workload's (chat, multi-turn, long-context) request counts: 1/16 long, 1/4
+    in conversations, the rest (>= 11/16, so >= 1) chat. The simulator draws the same."""
+    num_long, num_turn = num_requests // 16, num_requests // 4
+    return num_requests - num_long - num_turn, num_turn, num_long
+
+
+def mixed_long_tokens(spec: WorkloadSpec) -> int:
+    """A mixed workload's long prompts: 16x the chat mean, within the length's bound."""
+    return min(int(16 * spec.prompt_len.mean_tokens), spec.prompt_len.max_tokens)
+
+
+@WORKLOAD_KINDS.register("mixed")
 def build_mixed(spec: WorkloadSpec, source: TextSource) -> list[WorkloadRequest]:
     """1/16 long-context needles (16x the chat mean length), 1/4 multi-turn, the rest chat."""
-    n = spec.num_requests
-    num_long, num_turn_requests = n // 16, n // 4
-    num_chat = n - num_long - num_turn_requests          # >= 11/16 of n, so >= 1
+    num_chat, num_turn_requests, num_long = mixed_counts(spec.num_requests)
     queues = [[r] for r in build_synthetic(replace(spec, num_requests=num_chat), source)]
     if num_turn_requests:
         queues += _conversations(spec, source, num_turn_requests)
     if num_long:
-        long_tokens = min(int(16 * spec.prompt_len.mean_tokens), spec.prompt_len.max_tokens)
+        long_tokens = mixed_long_tokens(spec)
         long_spec = replace(spec, num_requests=num_long,
                             prompt_len=Fixed(long_tokens, max_tokens=long_tokens))
         queues += [[r] for r in build_long_context(long_spec, source)]
     return _interleave(queues, source.rng)
 
 
+@WORKLOAD_KINDS.register("trace")
 def build_trace(spec: WorkloadSpec, source: TextSource) -> list[WorkloadRequest]:
     """The trace's requests, with arrival times; ``prompt_tokens`` lines get corpus text."""
     return [WorkloadRequest("", e.prompt if e.prompt is not None else source.take(e.prompt_tokens),
                             e.max_tokens, arrival_s=e.arrival_s, ignore_eos=spec.ignore_eos)
             for e in load_trace(spec.trace_path)[:spec.num_requests]]
-
-
-BUILDERS = {
-    "synthetic": build_synthetic,
-    "long-context": build_long_context,
-    "multi-turn": build_multi_turn,
-    "mixed": build_mixed,
-    "trace": build_trace,
-}

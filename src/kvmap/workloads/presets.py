@@ -19,11 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvmap.workloads import builders  # noqa: F401  (the kinds register)
 from kvmap.workloads.arrivals import ClosedLoop, Poisson
-from kvmap.workloads.builders import BUILDERS
 from kvmap.workloads.corpus import TextSource, TokenizerLike, load_text_file
 from kvmap.workloads.lengths import Fixed, Uniform, sharegpt_output, sharegpt_prompt
-from kvmap.workloads.spec import WorkloadRequest, WorkloadSpec
+from kvmap.workloads.spec import WORKLOAD_KINDS, WorkloadRequest, WorkloadSpec
 
 __all__ = ["PRESETS", "WorkloadRequest", "WorkloadSpec", "build_requests", "get_preset"]
 
@@ -58,7 +58,7 @@ def build_requests(spec: WorkloadSpec, tokenizer: TokenizerLike) -> list[Workloa
     """
     rng = np.random.default_rng(spec.seed)
     text = load_text_file(spec.corpus_path) if spec.corpus_path else None
-    drafts = BUILDERS[spec.kind](spec, TextSource(tokenizer, rng, text))
+    drafts = WORKLOAD_KINDS[spec.kind](spec, TextSource(tokenizer, rng, text))
     if spec.kind == "trace" and spec.arrival is None:
         times_s = [d.arrival_s for d in drafts]
     else:

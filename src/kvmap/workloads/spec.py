@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvmap.registry import Registry
 from kvmap.workloads.arrivals import ArrivalProcess, ClosedLoop
 from kvmap.workloads.lengths import Fixed, LengthDist
 
-KINDS = ("synthetic", "long-context", "multi-turn", "mixed", "trace")
+# kind -> its builder (``builders.py``: each registers itself; importing
+# ``kvmap.workloads`` imports them); the simulator draws the same kinds
+# (``kvmap.plan.sim.workload``)
+WORKLOAD_KINDS: Registry = Registry("workload kind")
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,8 @@ class WorkloadSpec:
     trace_path: str | None = None         # kind == "trace"
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+        if self.kind not in WORKLOAD_KINDS:
+            raise ValueError(f"kind={self.kind!r} is not one of {WORKLOAD_KINDS.names()}")
         if self.num_requests is None:
             if self.kind != "trace":
                 raise ValueError(f"num_requests=None is only allowed for kind='trace', "

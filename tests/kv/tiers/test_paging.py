@@ -5,6 +5,8 @@ every prefetch mode and a host+disk chain; counters add up; lost or corrupt page
 recomputed (or the request aborted), never turned into wrong tokens."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -104,14 +106,19 @@ def test_attention_over_resident_and_offloaded_keys_equals_dense(chunk):
 
 
 # ---- the engine: paged == un-paged -------------------------------------------------------
-@pytest.mark.parametrize("spec", [
+PAGED_SPECS = [
     "tiers(host=1MiB,prefetch=none,page_blocks=2)",
     "tiers(host=1MiB,prefetch=window,page_blocks=2)",
     "tiers(host=1MiB,prefetch=window,page_blocks=1,prefetch_depth=1)",
     "tiers(host=1MiB,prefetch=attention,page_blocks=2)",
     "tiers(host=1MiB,prefetch=attention,page_blocks=2,prefetch_pages=2)",
     "tiers(host=6KiB,disk=1MiB,disk_path=DIR,prefetch=window,page_blocks=2)",
-])
+]
+# every prefetch order (tests/test_family_rows.py)
+PREFETCH_ROWS = sorted({re.search(r"prefetch=(\w+)", spec).group(1) for spec in PAGED_SPECS})
+
+
+@pytest.mark.parametrize("spec", PAGED_SPECS)
 def test_paged_greedy_tokens_and_logits_equal_unpaged(spec, reference, tmp_path):
     ref_tokens, ref_logits = reference
     llm = paged_llm(spec.replace("DIR", str(tmp_path)))

@@ -53,7 +53,10 @@ def stored_count(tier: Tier) -> int:
     return TIER_ROWS[tier.name][1](tier)
 
 
-@pytest.fixture(params=EVICTION_ORDERS)
+EVICTION_ROWS = tuple(EVICTION_ORDERS)          # every registered order
+
+
+@pytest.fixture(params=EVICTION_ROWS)
 def eviction(request):
     return request.param
 

@@ -24,7 +24,7 @@ from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.offload.decisions import OffloadStep, PageOut
 from kvmap.kv.offload.pager import Pager
-from kvmap.kv.offload.store import Level, TieredStore
+from kvmap.kv.offload.store import StoreLevel, TieredStore
 from kvmap.kv.tiers.layout import Layout
 from kvmap.request import Request
 
@@ -48,7 +48,7 @@ class Offloader:
         self.paging = paging
 
     @property
-    def levels(self) -> list[Level]:
+    def levels(self) -> list[StoreLevel]:
         """The store's levels, top-down (read them, e.g. for per-tier counters)."""
         return self.store.levels
 

@@ -18,7 +18,7 @@ back, and merges the two partial results exactly by log-sum-exp
 (``kvmap.model.attention``). Nothing is dropped: the result is dense attention over the
 whole context, up to floating-point rounding.
 
-Prefetch (``tiers(prefetch=...)``):
+Prefetch (``tiers(prefetch=...)``; the orders are ``kvmap.kv.tiers.prefetch``'s):
 
 - ``none``: a layer's pages are read when that layer needs them; the model waits for
   every read.
@@ -52,10 +52,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvmap.kv.tiers import serde
+from kvmap.kv.tiers.prefetch import PREFETCH_ORDERS
 from kvmap.kv.offload.decisions import PageOut
 from kvmap.kv.offload.page_frames import page_key
 
-PREFETCH_MODES = ("none", "window", "attention")
 
 
 class PageLost(RuntimeError):
@@ -148,8 +148,7 @@ class Pager:
 
     def __init__(self, store, mode: str = "none", depth: int = 2,
                  prefetch_pages: int = 0) -> None:
-        if mode not in PREFETCH_MODES:
-            raise ValueError(f"prefetch={mode!r} is not one of {', '.join(PREFETCH_MODES)}")
+        self.order = PREFETCH_ORDERS[mode]()       # ValueError naming the valid modes
         self.store = store
         self.kv = store.kv
         self.mode = mode
@@ -163,7 +162,7 @@ class Pager:
         self._uids = itertools.count()
         self._inflight: dict[tuple[int, int, int], Future] = {}
         self._executor = (ThreadPoolExecutor(1, thread_name_prefix="kvmap-prefetch")
-                          if mode != "none" else None)
+                          if self.order.reads_ahead else None)
 
     # ---- residency ---------------------------------------------------------------------
     def is_paged(self, request_id: str) -> bool:
@@ -297,14 +296,8 @@ class Pager:
                     self._inflight[key] = self._executor.submit(self._read, *key)
 
     def _order(self, seq: PagedSeq, layer: int) -> list[int]:
-        """The pages of ``layer`` to read ahead, first first."""
-        pages = list(range(seq.num_pages))
-        if self.mode == "attention":
-            mass = seq.mass.get(layer)
-            seen = 0 if mass is None else min(len(mass), seq.num_pages)
-            ranked = ([] if mass is None else
-                      sorted(range(seen), key=lambda p: -float(mass[p])))
-            pages = list(range(seen, seq.num_pages)) + ranked   # unseen (newest) first
+        """The pages of ``layer`` to read ahead, first first (``self.order``)."""
+        pages = self.order.order(seq.num_pages, seq.mass.get(layer))
         return pages[:self.prefetch_pages] if self.prefetch_pages else pages
 
     def _read(self, uid: int, page: int, layer: int) -> _Read:

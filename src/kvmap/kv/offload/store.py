@@ -97,7 +97,7 @@ class StoreStats:
 
 
 @dataclass
-class Level:
+class StoreLevel:
     """A tier in the store: its codec and what one of its block frames weighs."""
 
     tier: Tier
@@ -126,7 +126,7 @@ class TieredStore:
         self.block_size = kv.block_size
         self.frames = BlockFrames(kv)
         self.stats = StoreStats()
-        self.levels: list[Level] = []
+        self.levels: list[StoreLevel] = []
         self.lock = threading.RLock()       # tier calls: engine loop and prefetch thread
         self.model_identity = model_identity or repr(model_config)
         codec = kv.codec
@@ -152,14 +152,14 @@ class TieredStore:
         self.reader = PrefixReader(self)          # prefix frames read ahead
         self.loads = PrefixLoads(self)            # ... and copied in layer by layer
 
-    def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> Level:
+    def _make_level(self, level: TierLevel, eviction: str, codec: Codec) -> StoreLevel:
         frame_bytes = self.frames.frame_bytes(codec)
         if level.backend_options.get("shared"):     # its namespace: model and KV layout
             fingerprint = layout_fingerprint(self.model_identity, self.kv.geom,
                                              self.kv.codec, codec, self.kv.compute_dtype)
             level = TierLevel(level.name, level.capacity_bytes, level.codec,
                               {**level.backend_options, "layout_fingerprint": fingerprint})
-        return Level(make_tier(level, eviction), codec, frame_bytes)
+        return StoreLevel(make_tier(level, eviction), codec, frame_bytes)
 
     # ---- demotion ---------------------------------------------------------------------
     def demote(self, block_id: int, block_hash: bytes, level_name: str | None = None) -> bool:
@@ -189,7 +189,7 @@ class TieredStore:
         self.stats.num_soft_evicted_blocks += kept
         return kept
 
-    def level(self, name: str) -> Level:
+    def level(self, name: str) -> StoreLevel:
         """The level named ``name`` (``host``, ``disk``, ``redis``)."""
         for level in self.levels:
             if level.tier.name == name:
@@ -259,11 +259,11 @@ class TieredStore:
         self.stats.num_recomputed_tokens += (len(plan) - len(taken)) * bs
         return taken
 
-    def _plan(self, hashes: list[bytes], start_block: int) -> list[Level | None]:
+    def _plan(self, hashes: list[bytes], start_block: int) -> list[StoreLevel | None]:
         """Where each block of the run after ``start_block`` comes from (None: the pool),
         up to the first held nowhere, cut where the cost model prefers recompute."""
         pool, bs = self.kv.pool, self.block_size
-        plan: list[Level | None] = []
+        plan: list[StoreLevel | None] = []
         with self.lock:      # discover changes a shared level's local view: the reader's too
             for level in self.levels:               # shared levels read their index
                 level.tier.discover(hashes)

@@ -11,12 +11,16 @@ for victims one at a time until the incoming block fits. Contract, for every ord
   return it. ``incoming`` is the key about to be inserted (ARC uses it); the tier then
   deletes the victim's bytes. LookupError when nothing is resident.
 
-Orders are not thread-safe; the tier that owns one serializes calls.
+Orders are not thread-safe; the tier that owns one serializes calls. Each registers
+itself in ``EVICTION_ORDERS`` (``tiers(evict=...)``, and the simulator's tiers, find it
+there).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Hashable
+
+from kvmap.registry import Registry
 
 Key = Hashable
 
@@ -38,6 +42,11 @@ class EvictionOrder:
         return ValueError(f"{self.name}: key {key!r} is not resident")
 
 
+# name -> EvictionOrder subclass
+EVICTION_ORDERS: Registry[type[EvictionOrder]] = Registry("eviction order")
+
+
+@EVICTION_ORDERS.register
 class LRU(EvictionOrder):
     """Least recently used: the victim is the key whose last insert or hit is oldest."""
 
@@ -69,6 +78,7 @@ class LRU(EvictionOrder):
         return self._keys.popitem(last=False)[0]
 
 
+@EVICTION_ORDERS.register
 class LFU(EvictionOrder):
     """Least frequently used, ties broken by least recent use. A key's count starts at 1
     on insert and grows by 1 per hit; counts never decay and are forgotten on eviction.
@@ -126,6 +136,7 @@ class LFU(EvictionOrder):
         assert all(self._buckets.values()), "lfu: empty bucket kept"
 
 
+@EVICTION_ORDERS.register
 class ARC(EvictionOrder):
     """Adaptive Replacement Cache (Megiddo & Modha, FAST 2003), on keys.
 
@@ -226,6 +237,3 @@ def make_eviction_order(name: str) -> EvictionOrder:
         raise ValueError(f"eviction order {name!r} is unknown; "
                          f"choose one of {sorted(EVICTION_ORDERS)}")
     return EVICTION_ORDERS[name]()
-
-
-EVICTION_ORDERS: dict[str, type[EvictionOrder]] = {"lru": LRU, "lfu": LFU, "arc": ARC}

@@ -43,9 +43,9 @@ from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.options import Options
 from kvmap.kv.tiers.backend import backends_top_down
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
+from kvmap.kv.tiers.prefetch import PREFETCH_ORDERS
 from kvmap.registry import Registry
 
-PREFETCH_MODES = ("none", "window", "attention")
 FETCH_MODES = ("cost", "always")
 # spec-string name -> layout part (``tiers``, ``recompute``)
 TIER_PARTS: Registry[type] = Registry("tier layout")
@@ -100,9 +100,9 @@ class Tiers(Layout):
                              f"{', '.join(EVICTION_ORDERS)}")
         if o["prefetch"] is None:          # the grammar reads `none` as None
             o["prefetch"] = "none"
-        if o["prefetch"] not in PREFETCH_MODES:
+        if o["prefetch"] not in PREFETCH_ORDERS:
             raise ValueError(f"tiers: prefetch={o['prefetch']!r} is not one of "
-                             f"{', '.join(PREFETCH_MODES)}")
+                             f"{', '.join(PREFETCH_ORDERS)}")
         for option, low in (("page_blocks", 1), ("prefetch_depth", 1), ("prefetch_pages", 0)):
             value = o[option]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 from kvmap.kv.tiers.eviction import EvictionOrder, make_eviction_order
-from kvmap.plan.sim.hardware import Tier
+from kvmap.plan.sim.hardware import TierHardware
 
 Key = Hashable
 
@@ -45,7 +45,7 @@ class SimulationError(ValueError):
 class TierState:
     """One tier's contents and counters (bytes are whole blocks of ``block_bytes``)."""
 
-    spec: Tier
+    spec: TierHardware
     order: EvictionOrder
     capacity_blocks: int
     num_cached: int = 0                # evictable blocks
@@ -77,7 +77,7 @@ class BlockStore:
 
     num_hbm_blocks: int
     block_bytes: int                   # one block, all devices (what a tier holds)
-    tiers: list[Tier]
+    tiers: list[TierHardware]
     eviction: str = "lru"
     num_used: int = 0                  # HBM blocks held by running requests
     refs: dict = field(default_factory=dict)          # keyed used block -> holders
@@ -289,10 +289,6 @@ class BlockStore:
             started += len(first)
         self.num_prefetched += started
         return started
-
-    def hbm_ready_s(self, keys: list) -> float:
-        """When the last of ``keys`` (held in HBM) has landed (0.0: all have)."""
-        return max((self.ready_s.get(key, 0.0) for key in keys), default=0.0)
 
     # ---- offloaded KV of running requests -------------------------------------------
     def pin(self, num_blocks: int, now_s: float) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmap.kv.config import KVConfig
+from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import PlanModel
-from kvmap.plan.sim.hardware import Hardware, Tier
+from kvmap.plan.sim.hardware import Hardware, TierHardware
 from kvmap.workloads.spec import WorkloadSpec
 
-EVICTIONS = ("lru", "lfu", "arc")
 PREFETCH_MODES = ("none", "queue")
 RESERVATIONS = ("paged", "contiguous")
 
@@ -69,15 +69,16 @@ class SimConfig:
     hardware: Hardware
     kv: KVConfig
     workload: WorkloadSpec | None
-    tiers: tuple[Tier, ...] = ()
+    tiers: tuple[TierHardware, ...] = ()
     weights: str = "bf16"
     eviction: str = "lru"
     prefetch: str = "none"
     engine: EngineSettings = EngineSettings()
 
     def __post_init__(self) -> None:
-        if self.eviction not in EVICTIONS:
-            raise ValueError(f"eviction={self.eviction!r} is not one of {', '.join(EVICTIONS)}")
+        if self.eviction not in EVICTION_ORDERS:           # the engine's tiers' own orders
+            raise ValueError(f"eviction={self.eviction!r} is not one of "
+                             f"{', '.join(EVICTION_ORDERS)}")
         if self.prefetch not in PREFETCH_MODES:
             raise ValueError(f"prefetch={self.prefetch!r} is not one of "
                              f"{', '.join(PREFETCH_MODES)}")

@@ -15,8 +15,8 @@ clamped at the ends. A decode step multiplies a few rows by each weight matrix, 
 machine does at its peak rate; ``cpu-this-machine`` measures the curve, GPU profiles
 leave it empty (a constant ``compute_efficiency``).
 
-A ``Tier`` is one level below HBM (host RAM over PCIe, local NVMe, a network storage pool)
-seen from HBM: end-to-end bandwidth, a latency per transfer and an IOPS ceiling::
+A ``TierHardware`` is one level below HBM (host RAM over PCIe, local NVMe, a network
+storage pool) seen from HBM: end-to-end bandwidth, a latency per transfer and an IOPS ceiling::
 
     transfer_s(n blocks of b bytes) = latency_s + max(n * b / bandwidth, ops / iops)
     ops = n * ceil(b / io_bytes)           (io_bytes = 0: one operation per block)
@@ -121,7 +121,7 @@ def gpu_hardware(name: str, num_devices: int = 1, **overrides) -> Hardware:
 
 
 @dataclass(frozen=True)
-class Tier:
+class TierHardware:
     """One KV tier below HBM, as seen from HBM (see the module docstring)."""
 
     name: str

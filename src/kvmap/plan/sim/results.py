@@ -18,10 +18,10 @@ percentiles, throughput). On top:
 """
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from kvmap.jsonable import jsonable
 from kvmap.metrics import aggregate
 
 TIMELINE_SEGMENTS = 10
@@ -87,17 +87,8 @@ class SimResult:
     timeline: tuple
 
     def to_dict(self) -> dict:
-        return _jsonable({k: getattr(self, k) for k in self.__dataclass_fields__})
-
-
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
+        return jsonable({k: getattr(self, k) for k in self.__dataclass_fields__},
+                        finite_only=True)
 
 
 def _timeline(steps: StepLog) -> tuple:

@@ -37,11 +37,13 @@ from typing import Any
 
 import yaml
 
+from kvmap.cli_errors import ScenarioError
 from kvmap.config import parse_size
 from kvmap.kv.config import KVConfig
+from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import get_model
-from kvmap.plan.sim.config import EVICTIONS, PREFETCH_MODES, EngineSettings, SimConfig
-from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, Tier, gpu_hardware
+from kvmap.plan.sim.config import PREFETCH_MODES, EngineSettings, SimConfig
+from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, TierHardware, gpu_hardware
 from kvmap.plan.weights import WEIGHT_FORMATS
 from kvmap.workloads.options import WORKLOAD_KEYS, workload_spec
 
@@ -59,10 +61,6 @@ ENGINE_KEYS = {"block_size", "max_num_seqs", "max_num_batched_tokens", "enable_p
                "reservation", "reservation_tokens"}
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot run; the message lists every problem found."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,7 @@ def parse_hardware(raw: Any) -> Hardware:
         raise ValueError(f"hardware.gpu: {e}") from None
 
 
-def parse_tiers(raw: Any) -> tuple[Tier, ...]:
+def parse_tiers(raw: Any) -> tuple[TierHardware, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -187,7 +185,7 @@ def parse_tiers(raw: Any) -> tuple[Tier, ...]:
             raise ValueError(f"{where}: tier {name!r} is no preset "
                              f"({', '.join(TIER_PRESETS)}); give bandwidth and latency")
         try:
-            tiers.append(Tier(name=name, **fields))
+            tiers.append(TierHardware(name=name, **fields))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     return tuple(tiers)
@@ -251,7 +249,7 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
     section("weights", weights, "bf16")
     choices = {"eviction": str(raw.get("eviction", "lru")).lower(),
                "prefetch": str(raw.get("prefetch", "none")).lower()}
-    for key, allowed in (("eviction", EVICTIONS), ("prefetch", PREFETCH_MODES)):
+    for key, allowed in (("eviction", EVICTION_ORDERS), ("prefetch", PREFETCH_MODES)):
         if choices[key] not in allowed:
             problems.append(f"{where}{key}={raw.get(key)!r} is not one of {', '.join(allowed)}")
     if len(problems) > num_before:

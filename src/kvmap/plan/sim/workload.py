@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmap.workloads.builders import NEEDLE_ANSWER_TOKENS
+from kvmap.registry import Registry
+from kvmap.workloads.builders import NEEDLE_ANSWER_TOKENS, mixed_counts, mixed_long_tokens
 from kvmap.workloads.spec import WorkloadSpec
 from kvmap.workloads.trace import load_trace
 
@@ -67,39 +68,60 @@ def _synthetic(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> list[Sim
     return [SimRequest("", int(p), int(o)) for p, o in zip(prompt_lens, output_lens)]
 
 
+# kind -> its drafter: the lengths (no text) of a ``kvmap.workloads`` kind, drawn in its
+# builder's order with its rules; every workload kind has one (a test holds it)
+SIM_DRAFTS: Registry = Registry("simulated workload kind")
+
+
+@SIM_DRAFTS.register("synthetic")
+def _draft_synthetic(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
+    return _synthetic(spec, rng, spec.num_requests)
+
+
+@SIM_DRAFTS.register("long-context")
+def _draft_long_context(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
+    return [SimRequest("", int(p), NEEDLE_ANSWER_TOKENS)
+            for p in spec.prompt_len.sample(rng, spec.num_requests)]
+
+
+@SIM_DRAFTS.register("multi-turn")
+def _draft_multi_turn(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
+    conversations = _conversations(spec, rng, spec.num_requests, f"{spec.name}-")
+    return [c[t] for t in range(spec.num_turns) for c in conversations if t < len(c)]
+
+
+@SIM_DRAFTS.register("mixed")
+def _draft_mixed(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
+    num_chat, num_turn, num_long = mixed_counts(spec.num_requests)
+    drafts = _synthetic(spec, rng, num_chat)
+    if num_turn:
+        conversations = _conversations(spec, rng, num_turn, f"{spec.name}-")
+        drafts += [c[t] for t in range(spec.num_turns) for c in conversations if t < len(c)]
+    long_tokens = mixed_long_tokens(spec)
+    drafts += [SimRequest("", long_tokens, NEEDLE_ANSWER_TOKENS)] * num_long
+    order = rng.permutation(len(drafts))
+    # keep each conversation's turns in order: stable sort of turns within positions
+    mixed = [drafts[i] for i in order]
+    turns: dict[str, list[SimRequest]] = {}
+    for r in mixed:
+        if r.conversation_id:
+            turns.setdefault(r.conversation_id, []).append(r)
+    for queue in turns.values():
+        queue.sort(key=lambda r: r.turn)
+    return [turns[r.conversation_id].pop(0) if r.conversation_id else r for r in mixed]
+
+
+@SIM_DRAFTS.register("trace")
+def _draft_trace(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
+    entries = load_trace(spec.trace_path)[:spec.num_requests]
+    return [SimRequest("", e.prompt_tokens or max(1, len(e.prompt) // CHARS_PER_TOKEN),
+                       e.max_tokens, arrival_s=e.arrival_s) for e in entries]
+
+
 def _draft(spec: WorkloadSpec, rng: np.random.Generator) -> list[SimRequest]:
-    n = spec.num_requests
-    if spec.kind == "synthetic":
-        return _synthetic(spec, rng, n)
-    if spec.kind == "long-context":
-        return [SimRequest("", int(p), NEEDLE_ANSWER_TOKENS) for p in spec.prompt_len.sample(rng, n)]
-    if spec.kind == "multi-turn":
-        conversations = _conversations(spec, rng, n, f"{spec.name}-")
-        return [c[t] for t in range(spec.num_turns) for c in conversations if t < len(c)]
-    if spec.kind == "mixed":
-        num_long, num_turn = n // 16, n // 4
-        drafts = _synthetic(spec, rng, n - num_long - num_turn)
-        if num_turn:
-            conversations = _conversations(spec, rng, num_turn, f"{spec.name}-")
-            drafts += [c[t] for t in range(spec.num_turns) for c in conversations
-                       if t < len(c)]
-        long_tokens = min(int(16 * spec.prompt_len.mean_tokens), spec.prompt_len.max_tokens)
-        drafts += [SimRequest("", long_tokens, NEEDLE_ANSWER_TOKENS)] * num_long
-        order = rng.permutation(len(drafts))
-        # keep each conversation's turns in order: stable sort of turns within positions
-        mixed = [drafts[i] for i in order]
-        turns: dict[str, list[SimRequest]] = {}
-        for r in mixed:
-            if r.conversation_id:
-                turns.setdefault(r.conversation_id, []).append(r)
-        for queue in turns.values():
-            queue.sort(key=lambda r: r.turn)
-        return [turns[r.conversation_id].pop(0) if r.conversation_id else r for r in mixed]
-    if spec.kind == "trace":
-        entries = load_trace(spec.trace_path)[:spec.num_requests]
-        return [SimRequest("", e.prompt_tokens or max(1, len(e.prompt) // CHARS_PER_TOKEN),
-                           e.max_tokens, arrival_s=e.arrival_s) for e in entries]
-    raise ValueError(f"workload kind {spec.kind!r} is not simulated")
+    if spec.kind not in SIM_DRAFTS:
+        raise ValueError(f"workload kind {spec.kind!r} is not simulated")
+    return SIM_DRAFTS[spec.kind](spec, rng)
 
 
 def requests_from_spec(spec: WorkloadSpec) -> list[SimRequest]:

@@ -14,7 +14,8 @@
 
 A cell record is written in one SQLite transaction after its Parquet part, so an
 interrupted run never holds half a cell; ``completed_ids()`` is what a resumed run skips.
-Readers use ``RunStore(run_dir).cells()``, ``.requests()`` and ``.metadata()``.
+Readers use ``RunStore(run_dir).cells()`` (``CellRecord``s), ``.requests()`` and
+``.metadata()``.
 
 What is stored never holds a credential: every string of run.json, the index, the Parquet
 rows and the scenario copy goes through ``kvmap.kv.redact``. A run directory is locked
@@ -38,7 +39,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvmap.bench.inputs import changed_files, input_files
+from kvmap.runs.inputs import changed_files, input_files
+from kvmap.runs.record import CellRecord
 from kvmap.kv.redact import redact_obj, redact_spec
 
 RUN_SCHEMA = "kvmap.bench.run/1"
@@ -218,11 +220,11 @@ class RunStore:
         self._write_metadata({**self.metadata(), **fields})
 
     # ---- cells ---------------------------------------------------------------------
-    def write_cell(self, record: dict, rows: list[dict], ordinal: int) -> None:
+    def write_cell(self, cell: CellRecord, rows: list[dict], ordinal: int) -> None:
         """Store one finished cell: its rows (Parquet part) first, then its record.
         Strings are redacted (``kvmap.kv.redact``) on the way in, except the model's
         own text (``output_text``, ``expected``)."""
-        record = redact_obj(record)
+        record = redact_obj(cell.to_dict())
         rows = [{k: v if k in _MODEL_TEXT else redact_obj(v) for k, v in row.items()}
                 for row in rows]
         part = self.part_path(record["cell_id"])
@@ -241,7 +243,7 @@ class RunStore:
                          [values[c] for c in _CELL_COLUMNS])
         conn.close()
 
-    def cells(self) -> list[dict]:
+    def cells(self) -> list[CellRecord]:
         """Every stored cell record, in scenario order."""
         if not self.index_path.exists():
             return []
@@ -250,7 +252,7 @@ class RunStore:
             rows = conn.execute("SELECT record FROM cells ORDER BY ordinal").fetchall()
         finally:
             conn.close()
-        return [json.loads(r[0]) for r in rows]
+        return [CellRecord.from_dict(json.loads(r[0])) for r in rows]
 
     def write_log(self, cell_id: str, text: str) -> None:
         path = self.log_path(cell_id)
@@ -258,7 +260,7 @@ class RunStore:
         path.write_text(redact_spec(text))
 
     def completed_ids(self) -> set[str]:
-        return {c["cell_id"] for c in self.cells() if c["status"] == "ok"}
+        return {c.cell_id for c in self.cells() if c.ok}
 
     def metadata(self) -> dict:
         return json.loads(self.run_json.read_text())
@@ -266,7 +268,7 @@ class RunStore:
     # ---- per-request rows --------------------------------------------------------------
     def finalize(self, **fields) -> None:
         """Rebuild ``requests.parquet`` from the stored cells' parts; update run.json."""
-        ids = [c["cell_id"] for c in self.cells()]
+        ids = [c.cell_id for c in self.cells()]
         tables = [pq.read_table(self.part_path(i), schema=REQUEST_SCHEMA)
                   for i in ids if self.part_path(i).exists()]
         table = pa.concat_tables(tables) if tables else REQUEST_SCHEMA.empty_table()
@@ -275,8 +277,8 @@ class RunStore:
         os.replace(tmp, self.requests_path)
         cells = self.cells()
         self.update_metadata(updated_at=_now(),
-                             num_cells_ok=sum(c["status"] == "ok" for c in cells),
-                             num_cells_failed=sum(c["status"] != "ok" for c in cells),
+                             num_cells_ok=sum(c.ok for c in cells),
+                             num_cells_failed=sum(not c.ok for c in cells),
                              **fields)
 
     def requests(self) -> pa.Table:

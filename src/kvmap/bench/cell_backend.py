@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec
-from kvmap.bench.store import RunStore
+from kvmap.runs.store import RunStore
 from kvmap.registry import Registry
 
 # on_fraction(cell, fraction done): progress of a running cell, when the backend knows it
@@ -28,7 +29,7 @@ class CellResult:
 
     ordinal: int                  # the cell's position in the scenario
     cell: CellSpec
-    record: dict
+    record: CellRecord
     rows: list[dict]
     node: str | None = None       # the machine it ran on
     log: str | None = None        # its output, when the store's log was not written yet
