@@ -16,6 +16,7 @@ from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario,
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
                                         reserved_names)
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
+from kvmap.bench.scenario_trust import refuse_code
 from kvmap.config import DTYPES, EngineArgs, parse_kv_memory
 from kvmap.metrics import normalize_slo, parse_slo
 from kvmap.model.wquant import QUANTIZATIONS
@@ -49,11 +50,14 @@ class Problems:
                                 f"nothing was run:\n{lines}")
 
 
-def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None
-                   ) -> Scenario:
-    """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems."""
+def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None,
+                   *, code: bool = False) -> Scenario:
+    """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems.
+    ``code``: whether it may run code of its own (``scenario_trust``)."""
     base_dir = base_dir or Path.cwd()
     problems, notes = Problems(source), []
+    if not code:
+        refuse_code(data, problems)
     _unknown_keys(data, TOP_KEYS, "", problems)
     skip = data.get("skip_unavailable", False)
     if not isinstance(skip, bool):
