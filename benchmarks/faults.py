@@ -12,6 +12,13 @@ correctness; this reports what the faults cost and counts what was detected).
    served (must be 0), tokens equal.
 3. ``kill -9`` of ``kvmap bench`` at seeded random points, then resume: cells and
    tokens compared with an uninterrupted run; results lost and duplicated (must be 0).
+4. The shared pool (``tiers(redis=..., shared=true)``, issue 28): a process reads the
+   prompts' blocks another one published, with the pool healthy, poisoned by a key
+   holder (NaN sealed into every frame), overwritten with garbage by a writer without the
+   key, and paused (SIGSTOP) for the whole run; then a third process reads again (does
+   the pool heal?). Per case: tokens equal to a run without tiers, tokens fetched, the
+   errors counted, and the engine thread's time inside the shared tier's calls
+   (``get``, ``put``, ``discover``; its writes run on a thread of their own).
 
 Needs ``redis-server`` on PATH (``scripts/redis.sh start`` installs it). One JSON record
 goes to ``benchmarks/results/faults-<time>.json``.
@@ -38,6 +45,7 @@ from common import write_record  # noqa: E402
 
 from tests.conftest import make_tiny_llm  # noqa: E402
 from tests.faults import test_bench_kill_resume as kill  # noqa: E402
+from tests.faults import test_shared_pool_faults as shared  # noqa: E402
 from tests.faults.slow_proxy import SlowProxy  # noqa: E402
 from tests.faults.test_tampered_frames import TAMPERS, make_watch  # noqa: E402
 from tests.kv.tiers.conftest import RedisServer  # noqa: E402
@@ -47,9 +55,9 @@ from tests.kv.tiers.test_store import NUM_BLOCKS, run_conversations  # noqa: E40
 class Blocked:
     """Wall time the engine thread spends inside one tier's get and put."""
 
-    def __init__(self, tier) -> None:
+    def __init__(self, tier, names=("get", "put")) -> None:
         self.total_s, self.max_s, self.num_calls = 0.0, 0.0, 0
-        for name in ("get", "put"):
+        for name in names:
             setattr(tier, name, self._timed(getattr(tier, name)))
 
     def _timed(self, fn):
@@ -97,6 +105,41 @@ def redis_case(case: str, server: RedisServer, reference) -> dict:
            "engine_blocked_total_s": blocked.total_s,
            "engine_blocked_max_call_s": blocked.max_s, "num_tier_calls": blocked.num_calls}
     llm.engine.close()
+    return out
+
+
+def shared_case(case: str, server: RedisServer) -> dict:
+    import redis as redis_py
+    os.environ.update({"KVMAP_TEST_SHARED_URL": server.url, shared.KEY_ENV: shared.KEY})
+    redis_py.Redis.from_url(server.url).flushall()
+    reference = [o.token_ids for o in make_tiny_llm().generate(shared.PROMPTS,
+                                                               shared.PARAMS)]
+    _, _, writer, known = shared.run()
+    num_tampered = (shared.poison(server, writer, known) if case == "poisoned" else
+                    shared.garbage(server, writer) if case == "garbage" else 0)
+    llm = make_tiny_llm(kv=shared.SPEC)
+    store = llm.engine.store
+    tier = store.levels[-1].tier
+    blocked = Blocked(tier, ("get", "put", "discover"))
+    if case == "paused":
+        server.pause()
+    start_s = time.perf_counter()
+    try:
+        tokens = [o.token_ids for o in llm.generate(shared.PROMPTS, shared.PARAMS)]
+    finally:
+        if case == "paused":
+            server.resume()
+    wall_s = time.perf_counter() - start_s
+    tier.flush()
+    out = {"num_requests": len(tokens), "tokens_equal": tokens == reference,
+           "num_tampered": num_tampered, "fetched_tokens": store.stats.num_fetched_tokens,
+           "tier_errors": dict(tier.stats.errors), "store_errors": dict(store.stats.errors),
+           "wall_s": wall_s, "engine_blocked_total_s": blocked.total_s,
+           "engine_blocked_max_call_s": blocked.max_s, "num_tier_calls": blocked.num_calls}
+    llm.engine.close()
+    healed_tokens, healed, _, _ = shared.run()
+    out.update(next_reader_fetched_tokens=healed.stats.num_fetched_tokens,
+               next_reader_tokens_equal=healed_tokens == reference)
     return out
 
 
@@ -169,6 +212,8 @@ def main() -> None:
                  for case in ("healthy", "paused", "slow_20ms", "slow_500ms")}
         tamper = {f"{where}/{how}": tamper_case(where, how, server, reference)
                   for where in ("disk", "redis") for how in TAMPERS}
+        pool = {case: shared_case(case, server)
+                for case in ("healthy", "poisoned", "garbage", "paused")}
     finally:
         server.kill()
     kills = None if args.skip_kill else kill_runs(list(range(1, args.seeds + 1)))
@@ -184,6 +229,13 @@ def main() -> None:
     for case, t in tamper.items():
         print(f"{case:16} {t['num_tampered']:>8} {t['num_read_again']:>5} "
               f"{t['num_detected']:>8} {t['num_served']:>6} {str(t['tokens_equal']):>9}")
+    print(f"\n{'shared pool':12} {'tokens ok':>9} {'fetched':>7} {'blocked s':>10} "
+          f"{'max call s':>10} {'next reader fetched':>19}  errors")
+    for case, r in pool.items():
+        print(f"{case:12} {str(r['tokens_equal']):>9} {r['fetched_tokens']:>7} "
+              f"{r['engine_blocked_total_s']:>10.3f} {r['engine_blocked_max_call_s']:>10.3f}"
+              f" {r['next_reader_fetched_tokens']:>19}  "
+              f"{ {**r['tier_errors'], **r['store_errors']} }")
     if kills:
         print(f"\nkill -9 / resume ({kills['num_cells']} cells, uninterrupted "
               f"{kills['uninterrupted_s']:.1f} s)")
@@ -194,7 +246,8 @@ def main() -> None:
                   f"equal {r['tokens_equal']}")
     path = write_record("faults", {"seeds": args.seeds, "model": "dummy:tiny",
                                    "num_blocks": NUM_BLOCKS},
-                        {"redis": redis, "tampering": tamper, "kill_resume": kills})
+                        {"redis": redis, "tampering": tamper, "shared_pool": pool,
+                         "kill_resume": kills})
     print(f"\nrecord: {path.relative_to(ROOT)}")
 
 

@@ -109,7 +109,7 @@ def main() -> None:
     url = start_redis(args.port, args.db)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}"
                                        f"{os.environ.get('PYTHONPATH', '')}",
-           URL_ENV: url, KEY_ENV: os.environ.get(KEY_ENV) or os.urandom(16).hex()}
+           URL_ENV: url, KEY_ENV: os.environ.get(KEY_ENV) or os.urandom(32).hex()}
     runs = [run_child(args, "cold", "bf16", env), run_child(args, "writer", SHARED_SPEC, env),
             run_child(args, "reader", SHARED_SPEC, env), run_child(args, "cold", "bf16", env)]
     cold = statistics.median(runs[0]["ttft_s"] + runs[3]["ttft_s"])

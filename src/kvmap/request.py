@@ -16,15 +16,19 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None        # per-request generator seed
     stop: tuple[str, ...] = ()     # stop strings (not included in the text)
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()   # a set: checked for every token
     ignore_eos: bool = False
+    # log-probabilities (``kvmap.engine.logprobs``): of each output token, and of each
+    # prompt token from the second, with this many most likely alternatives (None: off)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens <= 0:
             raise ValueError(f"max_tokens={self.max_tokens!r} must be a positive integer")
@@ -37,6 +41,11 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = off)")
         if any(not s for s in self.stop):
             raise ValueError(f"stop={self.stop!r} contains an empty string")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise ValueError(f"{name}={value!r} must be an integer >= 0 (or None)")
 
     @property
     def greedy(self) -> bool:
@@ -109,6 +118,8 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None
     metrics: RequestMetrics
+    logprobs: object | None = None      # ``kvmap.engine.logprobs.ScoredTokens`` when asked
+    error: str | None = None            # why the engine failed this request (not an abort)
 
     @property
     def finished(self) -> bool:
@@ -159,6 +170,9 @@ class Request:
         # logits of every sampling step are kept (Engine.score)
         self.forced_token_ids: list[int] | None = None
         self.recorded_logits: list = []
+        self.logprobs = None    # ``kvmap.engine.logprobs.TokenLogprobs`` when params ask
+        self.cache_salt: bytes | None = None   # this request's prefix-hash salt (tenant)
+        self.error: str | None = None       # a fault in this request's sampling or stops
 
     @property
     def num_tokens(self) -> int:
@@ -179,4 +193,6 @@ class Request:
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids),
                              self.output_text, list(self.output_token_ids),
-                             self.finish_reason, self.metrics)
+                             self.finish_reason, self.metrics,
+                             self.logprobs.scored(self.token_ids)
+                             if self.logprobs is not None else None, self.error)

@@ -34,8 +34,9 @@ def hang(llm):
 def oom_score(llm):
     return {"oom_score_adj": int(open("/proc/self/oom_score_adj").read())}
 
-def hog(llm, gib=64):
-    return {"n": len(bytearray(gib << 30))}
+def hog(llm, gib=3):
+    import numpy     # an untouched allocation: address space, no resident memory
+    return {"n": int(numpy.empty(gib << 30, numpy.uint8).size)}
 '''
 HEAD = """
     models: [dummy:tiny]
@@ -142,9 +143,14 @@ def test_the_cell_is_the_oom_killers_first_choice(tmp_path):
 
 
 def test_cell_memory_limit_fails_the_cell_not_the_machine(tmp_path):
-    s = scenario(tmp_path, "cell_memory_limit: 8GiB\n"
-                           'tasks:\n  - {name: hog, task: "tasks.py:hog"}\n')
-    assert all(c.memory_limit_bytes == 8 << 30 for c in s.cells())
+    """A 3 GiB allocation (address space only: never touched) succeeds in a cell
+    without a cap on any machine this suite runs on, and fails under a 2 GiB cap: the
+    cap, not the machine, stops it (a 64 GiB one failed on a 24 GiB machine either way)."""
+    task = 'tasks:\n  - {name: hog, task: "tasks.py:hog"}\n'
+    free = run(scenario(tmp_path, task, "free.yaml"), tmp_path / "free")[0]
+    assert [(c["status"], c["metrics"].get("n")) for c in free.cells] == [("ok", 3 << 30)]
+    s = scenario(tmp_path, "cell_memory_limit: 2GiB\n" + task)
+    assert all(c.memory_limit_bytes == 2 << 30 for c in s.cells())
     result, _ = run(s, tmp_path / "run")
     (cell,) = result.cells
     assert cell.status == "failed" and "MemoryError" in cell.error

@@ -134,3 +134,95 @@ def test_tail_stop_check_decodes_a_bounded_tail():
     for n in range(1, len(ids) + 1):
         assert not stop_in_tail(tok, ids[:n], ["xyz", "q" * 10])
     assert Counting.longest <= 64                     # not the 6,000-token output
+
+
+# ---- every list and size of a body is bounded before admission (issue 28) ---------------
+def _annotation_fields(model) -> list[str]:
+    """Fields of a protocol model (and its nested models) that hold a list, a dict or
+    a free string, by name."""
+    import typing
+    from pydantic import BaseModel
+    out = []
+    for name, info in model.model_fields.items():
+        text = str(info.annotation)
+        if any(t in text for t in ("list", "dict", "str")):
+            out.append(name)
+        for arg in typing.get_args(info.annotation) or (info.annotation,):
+            for inner in typing.get_args(arg) or (arg,):
+                if isinstance(inner, type) and issubclass(inner, BaseModel) \
+                        and inner is not model:
+                    out += _annotation_fields(inner)
+    return out
+
+
+def test_every_list_and_string_of_a_body_names_its_bound():
+    from kvmap.server.limits import BODY_BOUNDS
+    from kvmap.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                       DetokenizeRequest, TokenizeRequest)
+    fields = {f for m in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                          DetokenizeRequest) for f in _annotation_fields(m)}
+    assert "stop_token_ids" in fields and "messages" in fields
+    assert fields <= set(BODY_BOUNDS), sorted(fields - set(BODY_BOUNDS))
+
+
+def test_stop_token_ids_messages_salt_and_detokenize_are_bounded():
+    s = start_server(max_stop_token_ids=4, max_messages=3)
+    try:
+        with s.client() as c:
+            ok = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2,
+                                                 "stop_token_ids": [5, 6, 7, 8]})
+            assert ok.status_code == 200, ok.text
+            err = assert_error(c.post("/v1/completions", json={
+                "prompt": "hi", "stop_token_ids": list(range(5))}), 400, "stop_token_ids")
+            assert "--max-stop-token-ids" in err["message"]
+            msgs = [{"role": "user", "content": "a"}] * 2
+            assert c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}
+                          ).status_code == 200
+            parts = [{"role": "user", "content": [{"type": "text", "text": "t"}] * 2}]
+            for body in ({"messages": msgs * 2}, {"messages": parts * 2}):
+                assert_error(c.post("/v1/chat/completions", json=body), 400, "messages")
+                assert_error(c.post("/tokenize", json=body), 400, "messages")
+            assert_error(c.post("/v1/completions", json={"prompt": "hi",
+                                                          "cache_salt": "s" * 257}),
+                         400, "cache_salt")
+            assert_error(c.post("/detokenize", json={"tokens": [1] * 513}), 400, "tokens")
+    finally:
+        s.close()
+
+
+def test_stop_token_ids_are_a_set_for_the_engine():
+    from kvmap import SamplingParams
+    params = SamplingParams(stop_token_ids=[3, 1, 3])
+    assert params.stop_token_ids == frozenset({1, 3})
+    assert isinstance(params.stop_token_ids, frozenset)
+
+
+def test_tokenizer_queue_is_bounded():
+    """With the worker threads busy and ``max_tokenizer_queue`` jobs waiting, the next
+    request is a 503 at once, not a place in an unbounded queue."""
+    s = start_server(max_tokenizer_queue=1)
+    gate, entered = threading.Event(), threading.Event()
+    tokenizer = s.loop.tokenizer
+    original = tokenizer.encode
+
+    def slow(text, *args, **kwargs):
+        entered.set()
+        gate.wait(30)
+        return original(text, *args, **kwargs)
+    tokenizer.encode = slow
+    try:
+        first = {}
+        thread = threading.Thread(target=lambda: first.update(r=s.client().post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 1})))
+        thread.start()
+        assert entered.wait(10)
+        with s.client() as c:
+            err = assert_error(c.post("/v1/completions", json={"prompt": "ho"}), 503)
+            assert "tokenizer queue is full" in err["message"]
+        gate.set()
+        thread.join(30)
+        assert first["r"].status_code == 200
+    finally:
+        gate.set()
+        tokenizer.encode = original
+        s.close()

@@ -21,13 +21,12 @@ import resource
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
-from kvmap.kv.redact import redact_spec
+from kvmap.bench.log_pump import pump_lines
 from kvmap.runs.record import CellRecord
 
 OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner
@@ -142,19 +141,16 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                                                                 None))
                                 if sys.platform == "linux" else None)
 
-        def pump() -> None:               # progress lines -> callback, the rest -> log
-            for line in proc.stdout:
-                if line.startswith(PROGRESS_PREFIX):
-                    try:
-                        on_fraction(json.loads(line[len(PROGRESS_PREFIX):])["fraction"])
-                    except (ValueError, KeyError):
-                        pass
-                else:
-                    log.write(redact_spec(line))
-                    log.flush()
+        def progress(line: str) -> bool:  # progress lines -> callback, the rest -> log
+            if not line.startswith(PROGRESS_PREFIX):
+                return False
+            try:
+                on_fraction(json.loads(line[len(PROGRESS_PREFIX):])["fraction"])
+            except (ValueError, KeyError):
+                pass
+            return True
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        reader = pump_lines(proc.stdout, log, progress)
         timed_out = False
         try:
             while proc.poll() is None:

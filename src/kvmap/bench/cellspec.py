@@ -225,10 +225,12 @@ class Scenario:
 
     def fingerprint(self) -> str:
         """A hash of what the run computes (not the file's name, notes, description or
-        cell timeout), so a resumed run may change those."""
-        data = {k: v for k, v in self.to_dict().items()
-                if k not in ("source", "notes", "description", "cell_timeout_s",
-                             "cell_memory_limit_bytes")}
+        cell timeout), so a resumed run may change those. It hashes the redacted fields
+        (``redact_obj``), as cell ids do: it is stored beside the redacted scenario, so a
+        hash of a credential there would be an offline guessing oracle for it."""
+        data = redact_obj({k: v for k, v in self.to_dict().items()
+                           if k not in ("source", "notes", "description", "cell_timeout_s",
+                                        "cell_memory_limit_bytes")})
         _drop_unset_endpoints(data)
         return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -5,9 +5,10 @@ with its real URL (``{port}`` filled with a free port) and the process, or the e
 it is when it has no ``launch`` (a server the user runs). The command is split like a
 shell line (``shlex``) and each word's placeholders filled after the split, so a path
 with spaces stays one argument; no shell runs it. Its stdout and stderr go to
-``log_path``. Health: ``GET /health``, else ``GET /v1/models``, answering 200, polled
-until ``entry.startup_timeout_s``. ``EndpointLaunchError`` names the cause -- the
-command is not found, it exited (with its last log lines), it never became healthy.
+``log_path``, line by line through the redaction (``log_pump``). Health: ``GET
+/health``, else ``GET /v1/models``, answering 200, polled until
+``entry.startup_timeout_s``. ``EndpointLaunchError`` names the cause -- the command is
+not found, it exited (with its last log lines), it never became healthy.
 On exit the server's whole process group is stopped (SIGTERM, then SIGKILL).
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmap.bench.endpoint_spec import EndpointEntry, placeholder_values
+from kvmap.bench.log_pump import pump_lines
+from kvmap.kv.redact import redact_spec
 
 HEALTH_PATHS = ("/health", "/v1/models")
 STOP_GRACE_S = 5.0
@@ -124,17 +127,21 @@ def launched(entry: EndpointEntry, log_path: Path) -> Iterator[Launched]:
     except (ValueError, KeyError) as e:
         raise EndpointLaunchError(f"launch command {entry.launch!r}: {e}") from None
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        log.write(f"$ {shlex.join(argv)}\n".encode())
-        log.flush()
-        try:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=child_env(),
-                                       start_new_session=True)
-        except OSError as e:
-            raise EndpointLaunchError(f"the launch command cannot start: {e}") from None
+    log = open(log_path, "a")
+    log.write(redact_spec(f"$ {shlex.join(argv)}\n"))
+    log.flush()
+    try:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=child_env(),
+                                   start_new_session=True)
+    except OSError as e:
+        log.close()
+        raise EndpointLaunchError(f"the launch command cannot start: {e}") from None
+    pump = pump_lines(process.stdout, log)        # its output, redacted, into the log
     try:
         _wait_healthy(entry, process, log_path)
         yield Launched(entry, process)
     finally:
         stop(process)
+        pump.join(timeout=5)
+        log.close()

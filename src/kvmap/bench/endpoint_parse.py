@@ -14,6 +14,7 @@ from kvmap.bench.endpoint_spec import (DEFAULT_STARTUP_TIMEOUT_S, ENDPOINT_KEYS,
                                        PLACEHOLDERS, EndpointEntry, placeholder_values,
                                        user_hosts)
 from kvmap.hosts import is_loopback
+from kvmap.kv.redact import check_no_password
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -143,6 +144,12 @@ def parse_endpoint_filter(item: dict, where: str, endpoints: list[EndpointEntry]
 
 
 def _check_url(url: str, launched: bool, where: str, problems) -> bool:
+    try:
+        check_no_password(url, f"{where}.url", "Put the key in an environment variable "
+                          "and name it in api_key_env.")
+    except ValueError as e:
+        problems.add(f"{where}.url", str(e))
+        return False
     parts = urlsplit(url.replace("{port}", "1"))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         problems.add(f"{where}.url", f"{url!r} must be an http:// or https:// URL")

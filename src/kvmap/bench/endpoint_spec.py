@@ -14,10 +14,14 @@
 
 ``launch`` placeholders: ``{port}`` (a free port the runner picks; required), ``{gguf}``
 (the endpoint's ``gguf:`` file, else the embedded SmolLM2 GGUF), ``{model}`` (the served
-model name), ``{python}`` (this interpreter). Hosts: a URL must name a loopback host, or
-one the *user* lists in ``$KVMAP_ENDPOINT_HOSTS`` (comma-separated) -- never the scenario
-file, which may come from someone else. A key is never read from the file: ``api_key``
-is refused, ``api_key_env`` names the variable (checked set before any cell runs).
+model name), ``{python}`` (this interpreter). A scenario is code (``scenario_trust``): a
+``launch`` command runs only from a scenario file the user named, with the user's
+environment. Hosts: a URL names a loopback host, or one listed in
+``$KVMAP_ENDPOINT_HOSTS`` (comma-separated) -- a guard against sending load to a remote
+server by accident when a scenario is copied, not a defence against the file. A key is
+never written into the file, which is copied into the run directory: ``api_key`` and a
+URL with a password are refused, ``api_key_env`` names the variable (any name; checked
+set before any cell runs).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def run_cell_process(cell: CellSpec, store: RunStore, on_fraction=lambda f: None
     """One cell in a child process, its files in ``store``'s ``.work/`` and its log in
     ``store``'s ``logs/``; ``(record, rows)``."""
     kwargs = {"python": python} if python else {}
-    return run_cell_subprocess(cell, store.dir / ".work", store.log_path(cell.cell_id),
+    return run_cell_subprocess(cell, store.work_dir, store.log_path(cell.cell_id),
                                on_fraction, **kwargs)
 
 

@@ -149,6 +149,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                console: Console, retry_failed: bool, show_progress: bool,
                command: list[str] | None, t_start: float, settings=None) -> RunResult:
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
+    store.clear_work()          # a killed run's cell files (a spec may name secrets' places)
     stored = {c.cell_id: c for c in store.cells()}
     skip = {cid for cid, c in stored.items() if c.ok or not retry_failed}
     eta = _Eta(cells, backend.parallelism)
@@ -217,7 +218,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
         store.finalize(interrupted=num_ran < len(todo), backend=backend.describe(),
                        thread_settings=settings and settings.to_dict())
         try:
-            (store.dir / ".work").rmdir()          # only when empty
+            store.work_dir.rmdir()                 # only when empty
         except OSError:
             pass
     records = store.cells()

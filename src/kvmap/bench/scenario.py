@@ -72,7 +72,8 @@ def load_scenario(path: str | Path | None = None, *, quick: bool = False) -> Sce
     if not path.is_file():
         raise ScenarioError(f"scenario file {str(path)!r} does not exist or is not a file")
     data = _load_yaml(path.read_text(encoding="utf-8"), str(path))
-    scenario = parse_scenario(data, str(path), path.resolve().parent)
+    # the user named this file: it may launch servers and import task modules
+    scenario = parse_scenario(data, str(path), path.resolve().parent, code=True)
     return shrink(scenario) if quick else scenario
 
 

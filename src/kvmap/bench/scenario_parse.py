@@ -20,6 +20,7 @@ from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
 from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
 from kvmap.bench.scenario_fields import (Problems, as_tuple, is_int, parse_kv,
                                          parse_slo_section, unknown_keys)
+from kvmap.bench.scenario_trust import refuse_code
 from kvmap.config import DEFAULT_KV_MEMORY, EngineArgs, parse_kv_memory
 from kvmap.hardware import resolve_dtype
 from kvmap.model.wquant import QUANTIZATIONS
@@ -38,11 +39,14 @@ TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
 
-def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None
-                   ) -> Scenario:
-    """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems."""
+def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None = None,
+                   *, code: bool = False) -> Scenario:
+    """Validate a scenario mapping (as loaded from YAML); ``ScenarioError`` on problems.
+    ``code``: whether it may run code of its own (``scenario_trust``)."""
     base_dir = base_dir or Path.cwd()
     problems, notes = Problems(source), []
+    if not code:
+        refuse_code(data, problems)
     unknown_keys(data, TOP_KEYS, "", problems)
     skip = data.get("skip_unavailable", False)
     if not isinstance(skip, bool):

@@ -30,6 +30,7 @@ from kvmap.kv.offload.pager import PageLost
 from kvmap.kv.prefix import prefix_salt
 from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.shared_namespace import weights_identity
+from kvmap.engine.logprobs import TokenLogprobs, record_known_targets, record_sampled
 from kvmap.engine.policy_runner import PolicyRunner
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
@@ -153,8 +154,9 @@ class Engine:
     # ---- requests ------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None,
-                    arrival_s: float | None = None) -> Request:
-        """Validate and queue a request. Raises ValueError before any work starts."""
+                    arrival_s: float | None = None, cache_salt: str | None = None) -> Request:
+        """Validate and queue a request. Raises ValueError before any work starts.
+        ``cache_salt``: its tenant's salt of the prefix hashes (``kvmap.kv.prefix``)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params={params!r} is not a SamplingParams")
         if not prompt_token_ids:
@@ -177,8 +179,9 @@ class Engine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(request_id, prompt_token_ids, params,
                       arrival_s if arrival_s is not None else time.perf_counter(), prompt)
+        req.logprobs = TokenLogprobs.for_request(req)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        self.scheduler.add(req, cache_salt)
         return req
 
     def abort(self, request_id: str) -> bool:
@@ -232,6 +235,7 @@ class Engine:
             # the forward pass over ``batch``, not out of the engine's own bookkeeping
             e.in_forward_pass = True
             raise
+        record_known_targets(self.model, batch.items, out.hidden)
         self.num_prefill_tokens += batch.num_tokens - out.meta.num_decode
         if self.offload is not None:     # the cost model learns the compute rate
             self.offload.observe_run([(r.num_computed_tokens, r.num_computed_tokens + n)
@@ -242,14 +246,26 @@ class Engine:
         token_ids = sample(out.logits, out.sampled, self.config.seed) if out.sampled else []
         now = time.perf_counter()
         for row, (req, token) in enumerate(zip(out.sampled, token_ids)):
+            touched.append(req)
             if req.forced_token_ids is not None:
                 req.recorded_logits.append(out.logits[row])
                 token = req.forced_token_ids.pop(0)
-            req.token_ids.append(token)
-            req.metrics.token_times_s.append(now)
-            self._check_stop(req, token)
-            touched.append(req)
+            try:             # a fault in sampling or post-processing fails this request
+                if isinstance(token, Exception):
+                    raise token
+                req.token_ids.append(token)
+                req.metrics.token_times_s.append(now)
+                record_sampled(req, out.logits[row])
+                self._check_stop(req, token)
+            except Exception as e:      # noqa: BLE001 -- the batch's other requests go on
+                self._fail(req, e)
         return touched
+
+    def _fail(self, req: Request, error: Exception) -> None:
+        """A fault in one request's sampling or stop checks ends it alone (``error``)."""
+        req.error = f"{type(error).__name__}: {error}"
+        if not req.status.finished:
+            self._finish(req, RequestStatus.FINISHED_ABORTED, keep_text=True)
 
     def _advance(self, items: list[tuple[Request, int]], register: bool = True) -> None:
         """After a forward pass: the n tokens of each item are computed and cached; with

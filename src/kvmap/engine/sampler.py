@@ -3,6 +3,11 @@
 Greedy rows (temperature 0) take the argmax; the others are sampled one row at a time
 with the request's own ``torch.Generator`` so that a seeded request gives the same
 tokens whatever else is in the batch.
+
+A row that cannot be sampled -- non-finite logits (greedy or not: an argmax over NaN
+means nothing), or a sampling call that raises -- gives a ``SamplingError`` in its place
+instead of raising, so that the engine fails that request alone and the rest of the
+batch keeps its tokens.
 """
 from __future__ import annotations
 
@@ -30,20 +35,37 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, requests: list[Request], engine_seed: int = 0) -> list[int]:
-    """logits (N, V) fp32, one row per request -> N token ids."""
+class SamplingError(RuntimeError):
+    """One row of a batch could not be sampled (see the module docstring)."""
+
+
+def sample(logits: torch.Tensor, requests: list[Request], engine_seed: int = 0
+           ) -> list[int | SamplingError]:
+    """logits (N, V) fp32, one row per request -> N token ids (a ``SamplingError`` for a
+    row that could not be sampled)."""
     greedy = logits.argmax(dim=-1).tolist()
-    out = []
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    out: list[int | SamplingError] = []
     for row, req in enumerate(requests):
-        params = req.params
-        if params.greedy:
+        if not finite[row]:
+            out.append(SamplingError(f"the logits of request {req.request_id} are not "
+                                     f"finite"))
+        elif req.params.greedy:
             out.append(greedy[row])
-            continue
-        if req.generator is None:
-            req.generator = torch.Generator(device=logits.device)
-            seed = params.seed if params.seed is not None else \
-                hash((engine_seed, req.request_id)) & 0x7FFFFFFF
-            req.generator.manual_seed(seed)
-        probs = torch.softmax(filter_logits(logits[row], params), dim=-1)
-        out.append(int(torch.multinomial(probs, 1, generator=req.generator)))
+        else:
+            try:
+                out.append(_sample_row(logits[row], req, engine_seed))
+            except (RuntimeError, ValueError) as e:
+                out.append(SamplingError(f"sampling request {req.request_id} failed: {e}"))
     return out
+
+
+def _sample_row(logits: torch.Tensor, req: Request, engine_seed: int) -> int:
+    params = req.params
+    if req.generator is None:
+        req.generator = torch.Generator(device=logits.device)
+        seed = params.seed if params.seed is not None else \
+            hash((engine_seed, req.request_id)) & 0x7FFFFFFF
+        req.generator.manual_seed(seed)
+    probs = torch.softmax(filter_logits(logits, params), dim=-1)
+    return int(torch.multinomial(probs, 1, generator=req.generator))

@@ -38,7 +38,7 @@ from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.compacted import CompactedState, CompactedStates
 from kvmap.kv.offload.decisions import PageOut
 from kvmap.kv.offload.offloader import Offloader
-from kvmap.kv.prefix import block_hashes
+from kvmap.kv.prefix import block_hashes, tenant_salt
 from kvmap.request import Request, RequestStatus
 
 
@@ -83,7 +83,10 @@ class Scheduler:
         self.num_preemptions = 0
 
     # ---- queues -----------------------------------------------------------------
-    def add(self, req: Request) -> None:
+    def add(self, req: Request, cache_salt: str | None = None) -> None:
+        """Queue ``req``; ``cache_salt``: its tenant's salt of the prefix hashes."""
+        if cache_salt is not None and self.prefix_salt is not None:
+            req.cache_salt = tenant_salt(self.prefix_salt, cache_salt)
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
@@ -157,7 +160,7 @@ class Scheduler:
                 continue
             req.block_hashes = block_hashes(
                 req.token_ids[:max(0, req.num_tokens - self.min_last_chunk)],
-                self.block_size, self.prefix_salt)
+                self.block_size, self._salt_of(req))
             self.offload.read_ahead(req.block_hashes)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
@@ -191,18 +194,26 @@ class Scheduler:
             budget -= num_new
 
     # ---- prefix cache ------------------------------------------------------------
+    def _salt_of(self, req: Request) -> bytes:
+        """The salt of ``req``'s block hashes: its tenant's (``cache_salt``) or the
+        engine's."""
+        return req.cache_salt or self.prefix_salt
+
     def _take_cached_prefix(self, req: Request) -> None:
-        if self.prefix_salt is None:
+        # a request that scores its prompt (prompt_logprobs) computes every position
+        if self.prefix_salt is None or req.params.prompt_logprobs is not None:
             return
         # never take the last token from the cache: it must be computed to get logits;
         # nor the last min_last_chunk tokens, a policy's observation window (its
         # queries score the prompt in the chunk that completes it)
         # (a compacted state is taken up to the last token: what follows it, the next
         # user message, is then the whole observation window)
-        if self.compacted is not None and self._take_compacted(req, req.num_tokens - 1):
+        # (compacted states are keyed by the engine's salt: not a salted tenant's)
+        if self.compacted is not None and req.cache_salt is None \
+                and self._take_compacted(req, req.num_tokens - 1):
             return
         max_tokens = max(0, req.num_tokens - self.min_last_chunk)
-        hashes = block_hashes(req.token_ids[:max_tokens], self.block_size, self.prefix_salt)
+        hashes = block_hashes(req.token_ids[:max_tokens], self.block_size, self._salt_of(req))
         req.block_hashes = hashes
         found = self.pool.lookup(hashes)
         if self.offload is not None and len(found) < len(hashes):
@@ -231,7 +242,8 @@ class Scheduler:
         compaction left alone) holds that key's content unchanged -- a rewrite forgets the
         key -- and keeps it: the pool gives a block one key, so a new one would be lost
         and the state unreachable."""
-        if self.compacted is None or not req.evicted or not req.block_ids:
+        if self.compacted is None or not req.evicted or not req.block_ids \
+                or req.cache_salt is not None:
             return
         num_blocks = -(-req.num_kv_slots // self.block_size)
         tokens = req.token_ids[:req.num_computed_tokens]
@@ -286,7 +298,7 @@ class Scheduler:
         if len(req.block_hashes) < num_full:
             parent = req.block_hashes[-1] if req.block_hashes else None
             req.block_hashes += block_hashes(req.token_ids[:num_full * self.block_size],
-                                             self.block_size, self.prefix_salt,
+                                             self.block_size, self._salt_of(req),
                                              start_block=len(req.block_hashes), parent=parent)
         for j in range(req.num_hashed_blocks, num_full):
             self.pool.register_hash(req.block_ids[j], req.block_hashes[j])

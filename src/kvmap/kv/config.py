@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmap.kv import grammar
-from kvmap.kv.redact import redact_spec
+from kvmap.kv.redact import has_password, redact_spec
 from kvmap.kv.codecs import CODECS, Codec
 from kvmap.kv.offload.prefill import check_spec as _check_prefill_offload
 from kvmap.kv.policies import POLICIES
@@ -65,6 +65,12 @@ class KVConfig:
         try:
             return cls._parse(text, dtype)
         except ValueError as e:   # messages quote the spec: never with its password
+            if isinstance(text, str) and has_password(text):
+                # the grammar's message may quote a piece of the password: say only this
+                raise ValueError(f"bad KV spec {redact_spec(text)!r}: a URL in it carries "
+                                 f"a password, which is never written into a spec: give "
+                                 f"it in $KVMAP_REDIS_PASSWORD, or the URL in an "
+                                 f"environment variable (redis=env:NAME)") from None
             message = redact_spec(str(e))
             if message == str(e):
                 raise

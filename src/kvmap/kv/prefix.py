@@ -4,9 +4,12 @@ Block j's hash covers the model, the KV layout and every token up to the end of 
 
     h_j = sha256(salt || h_{j-1} || token_ids[j*bs : (j+1)*bs])
 
-where salt = sha256(model id, KV layout (codec/policy spec), dtype). Two requests share
-block j exactly when they share the salt and the first (j+1)*bs tokens. Only full blocks
-are hashed.
+where salt = sha256(model id, KV layout (codec/policy spec), dtype), or, for a request
+with a ``cache_salt`` (a tenant's, vLLM's field), sha256(that salt, "cache_salt",
+cache_salt). Two requests share block j exactly when they share the salt and the first
+(j+1)*bs tokens: tenants with different salts share nothing, and someone who can read
+block hashes (a shared pool's Redis) cannot test a guessed prompt without the salt. Only
+full blocks are hashed.
 """
 from __future__ import annotations
 
@@ -16,6 +19,11 @@ import struct
 
 def prefix_salt(model_id: str, kv_layout: str, dtype: str) -> bytes:
     return hashlib.sha256(f"{model_id}\x00{kv_layout}\x00{dtype}".encode()).digest()
+
+
+def tenant_salt(salt: bytes, cache_salt: str) -> bytes:
+    """The salt of a request with ``cache_salt`` (any string) on an engine of ``salt``."""
+    return hashlib.sha256(salt + b"\x00cache_salt\x00" + cache_salt.encode()).digest()
 
 
 def block_hashes(token_ids: list[int], block_size: int, salt: bytes,

@@ -1,27 +1,57 @@
-"""Strip credentials from text that is shown or stored: ``redact_spec``.
+"""Secrets by structure: credentials never enter a spec, and text that is shown or
+stored is stripped of any that got in anyway.
 
-A KV spec may name a Redis by URL (``tiers(redis=redis://user:PW@host:6379/0)``). The
-preferred way to give a password is the environment (``redis=env:NAME``, or
-``KVMAP_REDIS_PASSWORD``; see ``kv/tiers/redis_tier.py``), so that the spec holds none.
-A spec that still carries one is accepted -- the tier needs it to connect -- but every
-place that displays or stores a spec (error messages, ``run.json``, the sqlite index,
-the Parquet ``kv`` column, cell ids, logs, the HTML report, server labels) passes it
-through :func:`redact_spec` first, which removes the ``user:password@`` part of every
-URL in the text and leaves everything else as it was.
+A KV spec may name a Redis by URL (``tiers(redis=redis://host:6379/0)``). Its password
+comes only from the environment -- ``redis=env:NAME`` (the whole URL in variable NAME)
+or ``KVMAP_REDIS_PASSWORD`` (the password of a URL without one) -- and a URL written
+into a spec with a password in it is refused when the spec is parsed
+(:func:`check_no_password`), with an error that says how to pass it and never quotes it.
+So no record, log, file name or fingerprint can hold one.
+
+Every place that displays or stores a spec or a message that might quote one (error
+messages, ``run.json``, the sqlite index, the Parquet ``kv`` column, cell ids, logs, the
+HTML report, ``tune.json``, server labels) still passes it through :func:`redact_spec`
+-- defence in depth, by structure rather than by a pattern of allowed characters:
+a URL's user info is everything between ``scheme://`` and the *last* ``@`` that follows
+it on the same line before the next ``scheme://``. Redis passwords may hold any
+character (``@ { | ^ " < >``, spaces), so this may cut more than the user info of a
+line that holds a URL and, later, an ``@`` of something else -- never less.
 """
 from __future__ import annotations
 
 import re
 
-# scheme://userinfo@ -- userinfo as RFC 3986 allows it (unreserved, %-escapes,
-# sub-delims, ':'), so the match never runs past the end of a URL into other text
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[A-Za-z0-9\-._~%!$&'()*+,;=:]*@")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def redact_url(url: str) -> str:
+    """One URL without its user info: ``redis://u:p@ss@h:1/0`` -> ``redis://h:1/0``."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return head + sep + rest.rsplit("@", 1)[1]
+
+
+def _redact_line(line: str) -> str:
+    starts = [(m.start(), m.end()) for m in _SCHEME.finditer(line)]
+    if not starts or "@" not in line:
+        return line
+    out, position = [], 0
+    for i, (start, end) in enumerate(starts):
+        segment_end = starts[i + 1][0] if i + 1 < len(starts) else len(line)
+        at = line.rfind("@", end, segment_end)
+        out.append(line[position:end])
+        position = at + 1 if at >= 0 else end
+    out.append(line[position:])
+    return "".join(out)
 
 
 def redact_spec(text: str) -> str:
     """``text`` with the user info (``user:password@``) removed from every URL in it.
     ``"tiers(redis=redis://u:pw@h:1/0)"`` -> ``"tiers(redis=redis://h:1/0)"``."""
-    return _USERINFO.sub(r"\1", text)
+    if "://" not in text or "@" not in text:
+        return text
+    return "\n".join(_redact_line(line) for line in text.split("\n"))
 
 
 def redact_obj(value):
@@ -34,3 +64,25 @@ def redact_obj(value):
     if isinstance(value, (list, tuple)):
         return type(value)(redact_obj(v) for v in value)
     return value
+
+
+def has_password(text: str) -> bool:
+    """Whether a URL in ``text`` has user info with a password (``user:pw@``, ``:pw@``;
+    the user info as :func:`redact_spec` finds it)."""
+    for line in text.split("\n"):
+        starts = [(m.start(), m.end()) for m in _SCHEME.finditer(line)]
+        for i, (_, end) in enumerate(starts):
+            segment_end = starts[i + 1][0] if i + 1 < len(starts) else len(line)
+            at = line.rfind("@", end, segment_end)
+            if at >= 0 and ":" in line[end:at]:
+                return True
+    return False
+
+
+def check_no_password(url: str, where: str, how: str) -> None:
+    """ValueError when ``url`` carries a password; the message names ``where`` and says
+    ``how`` to pass it instead, and quotes the URL only without its user info."""
+    if has_password(url):
+        raise ValueError(f"{where}: the URL {redact_url(url)!r} carries a password; a "
+                         f"password written into a spec would be stored wherever the spec "
+                         f"is (records, logs, run directories). {how}")

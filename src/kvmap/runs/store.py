@@ -11,6 +11,9 @@
       parts/<cell>.parquet  the same rows, one file per cell (written as cells finish;
                           ``requests.parquet`` is rebuilt from them)
       logs/<cell>.log     the cell process's output
+      .work/              a running cell's spec and result files (removed when the cell
+                          ends, and every stale one when a run starts or resumes: a run
+                          killed with -9 leaves its cell's files there)
 
 A cell record is written in one SQLite transaction after its Parquet part, so an
 interrupted run never holds half a cell; ``completed_ids()`` is what a resumed run skips.
@@ -153,6 +156,21 @@ class RunStore:
 
     def log_path(self, cell_id: str) -> Path:
         return self.dir / "logs" / f"{cell_id}.log"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.dir / ".work"
+
+    def clear_work(self) -> int:
+        """Remove what a killed run left in ``.work/`` (run under the run's lock, before
+        any cell starts); the number of files removed."""
+        removed = 0
+        if self.work_dir.is_dir():
+            for path in self.work_dir.iterdir():
+                if path.is_file() or path.is_symlink():
+                    path.unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     # ---- creating and resuming ---------------------------------------------------------
     @classmethod

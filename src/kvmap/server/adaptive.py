@@ -34,13 +34,11 @@ inter-token latencies observed in the last ``window_s`` seconds; 0 when there we
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from kvmap.metrics import percentile
 from kvmap.kv.config import KVConfig
 
 SIGNALS = ("kv_usage", "num_waiting", "p99_tbt_ms")
@@ -202,20 +200,3 @@ class AdaptiveController:
             self.last_switch_s = now_s
             self.num_switches += 1
         return target
-
-
-class LatencyWindow:
-    """Inter-token latencies of the last ``window_s`` seconds, for the P99 TBT signal."""
-
-    def __init__(self, window_s: float, max_samples: int = 100_000):
-        self.window_s = window_s
-        self.samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
-
-    def add(self, now_s: float, latency_s: float) -> None:
-        self.samples.append((now_s, latency_s))
-
-    def p99_ms(self, now_s: float) -> float:
-        while self.samples and self.samples[0][0] < now_s - self.window_s:
-            self.samples.popleft()
-        p = percentile((latency for _, latency in self.samples), 99)
-        return 0.0 if p is None else p * 1000.0

@@ -12,7 +12,6 @@ body limit.
 from __future__ import annotations
 
 import asyncio
-import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -22,13 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import kvmap
 from kvmap.server.context import ServerContext
 from kvmap.server.engine_loop import EngineLoop
-from kvmap.server.errors import APIError, describe_validation_errors, error_response
+from kvmap.server.errors import (APIError, describe_validation_errors, error_response,
+                                 incident)
 from kvmap.server.limits import DEFAULT_MAX_BODY_BYTES, ServerLimits
 from kvmap.server.routes import chat, completions, health, models, tokenize
 from kvmap.server.security import AccessMiddleware
 from kvmap.server.transport import BodyLimitMiddleware
-
-log = logging.getLogger("kvmap.server")
 
 __all__ = ["create_app", "DEFAULT_MAX_BODY_BYTES"]
 _COUNTED = (400, 401, 403, 404, 413, 503, 504)       # kvmap:request_rejected{status}
@@ -38,17 +36,19 @@ def create_app(loop: EngineLoop, model_name: str, *, limits: ServerLimits | None
                api_key: str | None = None,
                allowed_hosts: frozenset[str] | None = None,
                max_body_bytes: int | None = None,
-               max_tokens_limit: int | None = None) -> FastAPI:
+               max_tokens_limit: int | None = None,
+               cache_salt: str | None = None) -> FastAPI:
     """``limits``: what one request may ask (``ServerLimits``; ``max_body_bytes`` and
     ``max_tokens_limit`` override its fields). ``api_key``: required as a Bearer token
     on every route but ``/health``. ``allowed_hosts``: the Host names answered (None:
-    any; see ``security.allowed_hosts_for``)."""
+    any; see ``security.allowed_hosts_for``). ``cache_salt``: the server's secret salt
+    of every request's prefix hashes (``kvmap.kv.prefix``)."""
     limits = limits or ServerLimits()
     overrides = {k: v for k, v in (("max_body_bytes", max_body_bytes),
                                    ("max_tokens_limit", max_tokens_limit)) if v is not None}
     if overrides:
         limits = ServerLimits(**{**limits.__dict__, **overrides})
-    ctx = ServerContext(loop, model_name, limits)
+    ctx = ServerContext(loop, model_name, limits, cache_salt)
     metrics = loop.metrics
 
     def count_rejected(status: int) -> None:
@@ -96,8 +96,7 @@ def _add_error_handlers(app: FastAPI, count_rejected) -> None:
 
     @app.exception_handler(Exception)
     async def _internal_error(request, exc: Exception):
-        log.exception("internal error")
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(500, incident("internal error", exc))
 
 
 def _openapi_without_422(app: FastAPI) -> dict:

@@ -1,8 +1,15 @@
-"""``kvmap serve``: the OpenAI-compatible server on uvicorn."""
+"""``kvmap serve``: the OpenAI-compatible server on uvicorn.
+
+The process exits with ``ENGINE_GAVE_UP_EXIT`` when the engine loop gives up (faults past
+the restart budget), for a supervisor to restart it, instead of answering 503 forever.
+uvicorn's ``limit_concurrency`` refuses connections beyond what the queue bound can admit
+plus a margin (``default_limit_concurrency``), with a 503, before any body is read.
+"""
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import replace
 from typing import Optional
 
@@ -11,12 +18,44 @@ import typer
 from kvmap.cli_options import engine_options
 from kvmap.config import EngineArgs
 from kvmap.kv.redact import redact_spec
-from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STOP_CHARS,
-                                 DEFAULT_MAX_STOP_STRINGS, DEFAULT_REQUEST_TIMEOUT_S,
-                                 ServerLimits)
+from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_MESSAGES,
+                                 DEFAULT_MAX_STOP_CHARS, DEFAULT_MAX_STOP_STRINGS,
+                                 DEFAULT_MAX_STOP_TOKEN_IDS, DEFAULT_MAX_TOKENIZER_QUEUE,
+                                 DEFAULT_REQUEST_TIMEOUT_S, ServerLimits)
 from kvmap.server.security import API_KEY_ENV, allowed_hosts_for, is_loopback
 
 log = logging.getLogger("kvmap.server")
+ENGINE_GAVE_UP_EXIT = 3
+CACHE_SALT_ENV = "KVMAP_CACHE_SALT"
+CONNECTION_MARGIN = 64       # connections beyond the queue bound: probes, scrapes, 503s
+
+
+def default_limit_concurrency(max_queue: int, max_num_seqs: int) -> int:
+    """Connections uvicorn serves at once: every request the engine may hold (waiting or
+    running) plus ``CONNECTION_MARGIN``."""
+    return max_queue + max_num_seqs + CONNECTION_MARGIN
+
+
+def serve_app(app, loop, host: str, port: int, log_level: str = "warning",
+              limit_concurrency: int | None = None, on_started=None) -> int:
+    """Run uvicorn until it stops; returns the exit status: 0, or
+    ``ENGINE_GAVE_UP_EXIT`` when the engine loop gave up (uvicorn is told to stop then).
+    ``on_started(server)``: called with the ``uvicorn.Server`` before it runs."""
+    import uvicorn
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           limit_concurrency=limit_concurrency))
+    gave_up = threading.Event()
+
+    def give_up() -> None:
+        log.error("the engine loop gave up; stopping the server (exit %d)",
+                  ENGINE_GAVE_UP_EXIT)
+        gave_up.set()
+        server.should_exit = True
+    loop.on_give_up = give_up
+    if on_started is not None:
+        on_started(server)
+    server.run()
+    return ENGINE_GAVE_UP_EXIT if gave_up.is_set() else 0
 
 
 def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 256,
@@ -27,12 +66,18 @@ def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 2
                  request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                  max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS,
                  max_stop_chars: int = DEFAULT_MAX_STOP_CHARS,
-                 max_prompt_chars: int | None = None):
+                 max_prompt_chars: int | None = None,
+                 max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS,
+                 max_messages: int = DEFAULT_MAX_MESSAGES,
+                 max_tokenizer_queue: int = DEFAULT_MAX_TOKENIZER_QUEUE,
+                 cache_salt: str | None = None):
     """Load the model and build the app (not started), its engines from ``engine``.
-    Raises ValueError on bad options. With ``adaptive``, the policy's first level is
-    the starting KV configuration and ``engine.kv`` is ignored. ``host``: the address it will be bound to (a loopback bind checks
-    Host headers against loopback names and ``allowed_hosts``). ``api_key`` (else
-    ``$KVMAP_API_KEY``): required as a Bearer token on every route but /health."""
+    Raises ValueError on bad options. With ``adaptive``, the policy's first level is the
+    starting KV configuration and ``engine.kv`` is ignored. ``host``: the address it will
+    be bound to (a loopback bind checks Host headers against loopback names and
+    ``allowed_hosts``). ``api_key`` (else ``$KVMAP_API_KEY``): required as a Bearer token
+    on every route but /health. ``cache_salt`` (else ``$KVMAP_CACHE_SALT``): the server's
+    secret salt of prefix hashes, joined with each request's own ``cache_salt``."""
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
     from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
@@ -47,8 +92,11 @@ def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 2
                           max_tokens_limit=max_tokens_limit,
                           max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
                           max_prompt_chars=max_prompt_chars,
-                          request_timeout_s=request_timeout_s)
+                          request_timeout_s=request_timeout_s,
+                          max_stop_token_ids=max_stop_token_ids, max_messages=max_messages,
+                          max_tokenizer_queue=max_tokenizer_queue)
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    cache_salt = cache_salt or os.environ.get(CACHE_SALT_ENV) or None
     if max_tokens_limit is not None and max_tokens_limit < 1:
         raise ValueError(f"max_tokens_limit={max_tokens_limit} must be >= 1")
     first, factory = make_engine_factory(engine)
@@ -67,7 +115,8 @@ def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 2
                     "key: anyone who can reach it can use it (set --api-key or $%s)",
                     host, API_KEY_ENV)
     app = create_app(loop, name, limits=limits, api_key=api_key,
-                     allowed_hosts=allowed_hosts_for(host, tuple(allowed_hosts)))
+                     allowed_hosts=allowed_hosts_for(host, tuple(allowed_hosts)),
+                     cache_salt=cache_salt)
     return app, loop
 
 
@@ -93,6 +142,15 @@ def register(app: typer.Typer) -> None:
                                              help="Most stop strings one request may give"),
         max_stop_chars: int = typer.Option(DEFAULT_MAX_STOP_CHARS,
                                            help="Longest stop string, in characters"),
+        max_stop_token_ids: int = typer.Option(DEFAULT_MAX_STOP_TOKEN_IDS,
+                                               help="Most stop token ids one request may "
+                                                    "give"),
+        max_messages: int = typer.Option(DEFAULT_MAX_MESSAGES,
+                                         help="Most chat messages plus content parts one "
+                                              "request may give"),
+        limit_concurrency: Optional[int] = typer.Option(
+            None, help="Connections served at once, more get 503 (default: max-queue + "
+                       f"max-num-seqs + {CONNECTION_MARGIN})"),
         request_timeout: float = typer.Option(DEFAULT_REQUEST_TIMEOUT_S,
                                               help="Seconds a request may take; then 504"),
         api_key: Optional[str] = typer.Option(None, help=f"Require 'Authorization: Bearer "
@@ -103,9 +161,9 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("warning", help="uvicorn log level"),
         engine: EngineArgs | None = None,       # made by @engine_options
     ):
-        """Serve the OpenAI-compatible API (completions, chat, metrics) on uvicorn."""
-        import uvicorn
-
+        """Serve the OpenAI-compatible API (completions, chat, metrics) on uvicorn.
+        Exits with status 3 when the engine keeps failing (for a supervisor). The
+        server's prefix-cache salt, if any, comes from $KVMAP_CACHE_SALT."""
         from kvmap.cli_errors import fail
         if not 0 < port < 65536:
             fail(f"--port={port} must be in 1..65535")
@@ -120,9 +178,14 @@ def register(app: typer.Typer) -> None:
                 max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
                 host=host, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
                 request_timeout_s=request_timeout, max_stop_strings=max_stop_strings,
-                max_stop_chars=max_stop_chars, max_prompt_chars=max_prompt_chars)
+                max_stop_chars=max_stop_chars, max_prompt_chars=max_prompt_chars,
+                max_stop_token_ids=max_stop_token_ids, max_messages=max_messages)
         except (ValueError, FileNotFoundError) as e:
             fail(redact_spec(str(e)))
         typer.echo(f"kvmap serve: {redact_spec(loop.active_kv)} on http://{host}:{port} "
                    f"(model {loop.active.model_id})", err=True)
-        uvicorn.run(server_app, host=host, port=port, log_level=log_level)
+        code = serve_app(server_app, loop, host, port, log_level,
+                         limit_concurrency or default_limit_concurrency(max_queue,
+                                                                        engine.max_num_seqs))
+        if code:
+            raise typer.Exit(code)

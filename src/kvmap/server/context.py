@@ -3,11 +3,14 @@ and conversions they share (model name, sizes, token ids, sampling parameters,
 submission). Routes get it with ``Depends(server_context)``.
 
 Tokenization and chat templates run on ``executor`` (worker threads), never on the
-event loop: a long prompt must not stall the other requests' streams.
+event loop: a long prompt must not stall the other requests' streams. The work waiting
+for those threads is bounded (``ServerLimits.max_tokenizer_queue``): past it a request
+gets a 503 at once instead of a place in an unbounded queue in front of ``--max-queue``.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,9 +34,15 @@ class ServerContext:
     loop: EngineLoop
     model_name: str
     limits: ServerLimits
+    cache_salt: str | None = None       # the server's own salt of prefix hashes (secret)
     created: int = field(default_factory=lambda: int(time.time()))
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         TOKENIZER_THREADS, thread_name_prefix="kvmap-tokenize"))
+    _slots: threading.BoundedSemaphore | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_slots",
+                           threading.BoundedSemaphore(self.limits.max_tokenizer_queue))
 
     @property
     def tokenizer(self):
@@ -49,7 +58,7 @@ class ServerContext:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
     def check_supported(self, body) -> None:
-        bad = body.unsupported() or self.limits.check_stop(getattr(body, "stop", None))
+        bad = body.unsupported() or self.limits.check_lists(body)
         if bad is not None:
             raise APIError(400, bad[1], bad[0])
 
@@ -76,7 +85,24 @@ class ServerContext:
             raise APIError(400, f"this model has no {what}", param)
 
     async def off_loop(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """``fn(*args)`` on a worker thread. 503 when ``max_tokenizer_queue`` jobs are
+        queued or running already (a job holds its place until it has run, even if its
+        client has gone)."""
+        if not self._slots.acquire(blocking=False):
+            raise APIError(503, f"the tokenizer queue is full "
+                                f"({self.limits.max_tokenizer_queue} jobs); retry later")
+
+        def job():
+            try:
+                return fn(*args)
+            finally:
+                self._slots.release()
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self.executor, job)
+        except BaseException:
+            self._slots.release()
+            raise
+        return await future
 
     async def encode(self, text: str, param: str, add_special: bool = True) -> list[int]:
         self.check_text_size(len(text), param)
@@ -131,10 +157,20 @@ class ServerContext:
             param = message.split("=", 1)[0] if "=" in message.split(" ", 1)[0] else None
             raise APIError(400, message, param) from None
 
+    def cache_salt_of(self, body) -> str | None:
+        """The salt of a request's prefix hashes: the server's (``--cache-salt``) and the
+        request's own ``cache_salt`` (a tenant's), or None when neither is set."""
+        mine, theirs = self.cache_salt, getattr(body, "cache_salt", None)
+        if mine is None and theirs is None:
+            return None
+        return f"{len(mine or '')}:{mine or ''}{theirs or ''}"    # an unambiguous join
+
     async def submit(self, request_id: str, ids: list[int], params: SamplingParams,
-                     prompt: str | None, arrival_s: float) -> RequestStream:
+                     prompt: str | None, arrival_s: float,
+                     cache_salt: str | None = None) -> RequestStream:
         try:
-            return await self.loop.submit(request_id, ids, params, prompt, arrival_s)
+            return await self.loop.submit(request_id, ids, params, prompt, arrival_s,
+                                          cache_salt)
         except (QueueFullError, EngineDeadError) as e:
             raise APIError(503, str(e)) from None
         except RequestTimeoutError as e:

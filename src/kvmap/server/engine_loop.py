@@ -21,8 +21,12 @@ Faults (``engine_faults``): a step that raises in the forward pass fails the req
 is pinned on (aborted, blocks freed, the pool checked) and the rest go on; any other
 fault rebuilds the engine over the same weights (``kvmap:engine_restarts``), failing the
 requests that were on it with a 503 to retry. When faults keep coming the loop gives up:
-``alive`` is False, ``/health`` answers 503, and nothing submitted afterwards can hang
-(``_closed`` is set under the inbox lock before the inbox is drained).
+``alive`` is False, ``/health`` answers 503, nothing submitted afterwards can hang
+(``_closed`` is set under the inbox lock before the inbox is drained), and
+``on_give_up`` is called -- ``kvmap serve`` then exits non-zero, for its supervisor to
+restart it. A fault in one request's sampling or post-processing (the engine's
+``Request.error``, or publishing its output) fails that request alone. Clients never see
+an exception's text: they get an incident id that the log holds (``errors.incident``).
 
 Adaptive mode: with an ``AdaptiveController``, every ``interval_s`` the thread measures
 the signals and may switch the active KV configuration (``adaptive_switch``): new
@@ -39,9 +43,11 @@ from collections.abc import Callable
 
 from kvmap.engine.engine import Engine
 from kvmap.request import SamplingParams
-from kvmap.server.adaptive import AdaptiveController, LatencyWindow
+from kvmap.server.adaptive import AdaptiveController
+from kvmap.server.latency_window import LatencyWindow
 from kvmap.server.adaptive_switch import SwitchEvent, switch_if_asked
 from kvmap.server.engine_faults import BatchRecorder, RestartBudget, StepFault, classify
+from kvmap.server.errors import incident
 from kvmap.server.inbox import AbortRequest, AddRequest, CallInEngine, Command
 from kvmap.server.messages import (EngineDeadError, QueueFullError, Rejected,
                                    RequestFailedError, RequestTimeoutError)
@@ -86,7 +92,7 @@ class EngineLoop:
         self.restarts = RestartBudget()
         self.num_restarts = 0
         self.error: BaseException | None = None
-        self.scorer: tuple[str, Engine] | None = None   # (KV spec, engine): ``logprobs``
+        self.on_give_up: Callable[[], None] | None = None   # called once the loop is dead
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._num_queued = 0                 # accepted, not yet scheduled (inbox included)
@@ -122,14 +128,13 @@ class EngineLoop:
     def _post(self, command: Command) -> None:
         """Under ``_cv``: queue a command, or raise if the engine thread will never read it."""
         if self._closed or not self.alive:
-            raise EngineDeadError(f"the engine is not running ({self.error!r})"
-                                  if self.error else "the engine is not running")
+            raise EngineDeadError("the engine is not running")
         self._inbox.append(command)
         self._cv.notify()
 
     async def submit(self, request_id: str, prompt_token_ids: list[int],
                      params: SamplingParams, prompt: str | None,
-                     arrival_s: float) -> RequestStream:
+                     arrival_s: float, cache_salt: str | None = None) -> RequestStream:
         """Queue a request; returns once the engine thread accepted it. The stream's
         deadline is ``request_timeout_s`` from now.
 
@@ -142,7 +147,8 @@ class EngineLoop:
             if self.max_queue is not None and self._num_queued >= self.max_queue:
                 raise QueueFullError(f"the queue is full ({self._num_queued} requests "
                                      f"waiting, --max-queue {self.max_queue}); retry later")
-            self._post(AddRequest(stream, prompt_token_ids, params, prompt, arrival_s))
+            self._post(AddRequest(stream, prompt_token_ids, params, prompt, arrival_s,
+                                  cache_salt))
             self._num_queued += 1
         try:
             first = await stream.get()
@@ -175,12 +181,15 @@ class EngineLoop:
         try:
             self._main()
         except BaseException as e:      # noqa: BLE001 -- the loop must report any fault
-            log.exception("engine loop gave up; requests in flight: %s",
-                          self.publisher.describe_tracked())
+            log.error("engine loop gave up; requests in flight: %s",
+                      self.publisher.describe_tracked())
             self.error = e
-            self._drain(EngineDeadError(f"the engine failed: {type(e).__name__}: {e}"))
+            self._drain(EngineDeadError(incident("the engine failed and the server gives "
+                                                 "up", e)))
         finally:
             self._shutdown()
+        if self.error is not None and self.on_give_up is not None:
+            self.on_give_up()
 
     def _main(self) -> None:
         next_tick_s = 0.0
@@ -224,11 +233,10 @@ class EngineLoop:
     def _on_fault(self, engine: Engine, fault: StepFault) -> None:
         error = fault.error
         if fault.request_ids is not None:
-            log.warning("a step failed for requests %s: %s: %s", list(fault.request_ids),
-                        type(error).__name__, error, exc_info=error)
+            log.warning("a step failed for requests %s", list(fault.request_ids))
+            message = incident("the request failed in the engine", error)
             for rid in fault.request_ids:
-                self.publisher.fail(engine, rid, RequestFailedError(
-                    f"the request failed in the engine: {type(error).__name__}: {error}"))
+                self.publisher.fail(engine, rid, RequestFailedError(message))
             try:
                 engine.check_integrity()
                 return
@@ -238,17 +246,14 @@ class EngineLoop:
 
     def _restart(self, engine: Engine, error: BaseException) -> None:
         """Rebuild ``engine`` over the same weights; its requests fail with a 503."""
-        log.error("internal engine fault, restarting the engine: %s: %s",
-                  type(error).__name__, error, exc_info=error)
         if not self.restarts.allow():
             raise EngineDeadError(f"the engine keeps failing ({self.restarts.max_restarts} "
-                                  f"restarts within {self.restarts.window_s:.0f} s); last "
-                                  f"fault: {type(error).__name__}: {error}") from error
+                                  f"restarts within {self.restarts.window_s:.0f} s)"
+                                  ) from error
         self.num_restarts += 1
         self.metrics.engine_restarts.inc()
-        self.publisher.fail_engine(engine, EngineDeadError(
-            f"the engine restarted after an internal fault ({type(error).__name__}: "
-            f"{error}); retry the request"))
+        self.publisher.fail_engine(engine, EngineDeadError(incident(
+            "the engine restarted after an internal fault; retry the request", error)))
         self._close_engine(engine)
         if engine is self.active:
             overrides = (self.controller.policy.levels[self.controller.level]
@@ -331,7 +336,7 @@ class EngineLoop:
     def _shutdown(self) -> None:
         self.publisher.abort_all()
         self._drain(EngineDeadError("the server is shutting down"))
-        for engine in self.engines + ([self.scorer[1]] if self.scorer else []):
+        for engine in self.engines:
             try:
                 engine.close()
             except Exception:       # noqa: BLE001

@@ -6,9 +6,15 @@ missing or wrong API key, 403 a Host header a loopback server does not answer (D
 rebinding), 404 an unknown model, 413 a body over the size limit, 503 a full queue or a
 dead or restarting engine, 504 a request past the server's request timeout, 500 only a
 real internal fault (one request's, when a fault was pinned on it).
+
+A 500 or 503 body never carries an exception's text (it may hold paths, a URL, a
+prompt): it names an incident id, and the server log holds the exception under that id
+(``incident``).
 """
 from __future__ import annotations
 
+import logging
+import uuid
 from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
@@ -18,6 +24,21 @@ from kvmap.server.protocol import ErrorResponse
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
           404: "NotFoundError", 413: "RequestEntityTooLarge", 500: "InternalServerError",
           503: "ServiceUnavailableError", 504: "TimeoutError"}
+
+
+log = logging.getLogger("kvmap.server")
+
+
+def incident(what: str, error: BaseException | str | None = None) -> str:
+    """Log ``error`` (an exception, or a text the engine recorded) under a new incident
+    id; returns ``what`` with that id, the message a client may see."""
+    ident = uuid.uuid4().hex[:12]
+    if isinstance(error, BaseException):
+        log.error("incident %s: %s: %s: %s", ident, what, type(error).__name__, error,
+                  exc_info=error)
+    else:
+        log.error("incident %s: %s: %s", ident, what, error)
+    return f"{what} (incident {ident}; the server log has the details)"
 
 
 class APIError(Exception):

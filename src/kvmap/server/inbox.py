@@ -17,6 +17,7 @@ class AddRequest:
     params: SamplingParams
     prompt: str | None
     arrival_s: float
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
 """What one request may ask of the server, checked before any work is done on it.
 
 Sizes are checked in the order their checks cost: the body (``BodyLimitMiddleware``,
-before it is read), then the prompt's characters and the stop list (before the prompt is
-tokenized, which runs on a worker thread), then tokens against the context. A stop list
-is bounded because every generated token is checked against it on the engine thread.
+before it is read), then every list in it and the prompt's characters (before the prompt
+is tokenized, which runs on a worker thread), then tokens against the context. Stop
+lists are bounded because every generated token is checked against them on the engine
+thread (stop token ids as a set: one lookup a token); messages and content parts because
+the chat template walks them; a ``cache_salt`` because it is hashed into every block.
+
+Every list or free-size field of a request body is named in ``BODY_BOUNDS`` with what
+bounds it (``tests/server/test_limits.py`` checks that no field is left out).
 """
 from __future__ import annotations
 
@@ -12,10 +17,38 @@ from dataclasses import dataclass
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 DEFAULT_MAX_STOP_STRINGS = 16
 DEFAULT_MAX_STOP_CHARS = 256
+DEFAULT_MAX_STOP_TOKEN_IDS = 64
+DEFAULT_MAX_MESSAGES = 1024          # chat messages plus their content parts
+DEFAULT_MAX_TOKENIZER_QUEUE = 64     # tokenizer jobs queued or running at once
+MAX_CACHE_SALT_CHARS = 256
 # a prompt of max_model_len tokens is rarely more than this many characters a token; a
 # longer text cannot be a valid prompt in practice and is refused before tokenizing
 DEFAULT_PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+
+
+# request-body field -> what bounds it (every list and free-size field; the test holds it)
+BODY_BOUNDS = {
+    "model": "compared with the served name; the body limit",
+    "user": "ignored; the body limit",
+    "stop": "max_stop_strings x max_stop_chars",
+    "stop_token_ids": "max_stop_token_ids (a set on the engine thread)",
+    "logit_bias": "refused unless empty",
+    "stream_options": "two booleans",
+    "cache_salt": f"1 to {MAX_CACHE_SALT_CHARS} characters",
+    "prompt": "max_prompt_chars before tokenizing; token ids: the model's context; "
+              "one prompt a request",
+    "suffix": "refused unless empty",
+    "messages": "max_messages (messages + content parts); max_prompt_chars of text",
+    "tools": "refused unless empty",
+    "response_format": "one type name; only text",
+    "role": "counted in max_prompt_chars",
+    "content": "counted in max_prompt_chars and max_messages",
+    "name": "ignored; the body limit",
+    "text": "counted in max_prompt_chars",
+    "type": "one literal",
+    "tokens": "the model's context (detokenize)",
+}
 
 
 @dataclass(frozen=True)
@@ -31,9 +64,13 @@ class ServerLimits:
     max_stop_chars: int = DEFAULT_MAX_STOP_CHARS
     max_prompt_chars: int | None = None
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_tokenizer_queue: int = DEFAULT_MAX_TOKENIZER_QUEUE
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_stop_strings", "max_stop_chars"):
+        for name in ("max_body_bytes", "max_stop_strings", "max_stop_chars",
+                     "max_stop_token_ids", "max_messages", "max_tokenizer_queue"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -47,6 +84,29 @@ class ServerLimits:
 
     def prompt_chars(self, max_model_len: int) -> int:
         return self.max_prompt_chars or DEFAULT_PROMPT_CHARS_PER_TOKEN * max_model_len
+
+    def check_lists(self, body) -> tuple[str, str] | None:
+        """(param, why) for the first list of ``body`` (a protocol request) over its
+        bound, else None: stop strings, stop token ids, messages and content parts, the
+        cache salt."""
+        bad = self.check_stop(getattr(body, "stop", None))
+        ids = getattr(body, "stop_token_ids", None) or ()
+        if bad is None and len(ids) > self.max_stop_token_ids:
+            bad = "stop_token_ids", (f"stop_token_ids holds {len(ids)} ids; this server "
+                                     f"takes at most {self.max_stop_token_ids} "
+                                     f"(--max-stop-token-ids)")
+        messages = getattr(body, "messages", None) or ()
+        num_items = len(messages) + sum(len(m.content) for m in messages
+                                        if isinstance(m.content, list))
+        if bad is None and num_items > self.max_messages:
+            bad = "messages", (f"messages hold {num_items} messages and content parts; "
+                               f"this server takes at most {self.max_messages} "
+                               f"(--max-messages)")
+        salt = getattr(body, "cache_salt", None)
+        if bad is None and salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+            bad = "cache_salt", (f"cache_salt holds {len(salt)} characters; it must hold "
+                                 f"1 to {MAX_CACHE_SALT_CHARS}")
+        return bad
 
     def check_stop(self, stop: str | list[str] | None) -> tuple[str, str] | None:
         """(param, why) when the stop list is over the bounds, else None."""

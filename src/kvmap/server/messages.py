@@ -35,6 +35,7 @@ class Delta:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0          # all output tokens so far
+    logprobs: object | None = None      # the last delta's ``ScoredTokens``, when asked
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ routes (``routes/``); streamed chunks are dicts of the same fields.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +55,7 @@ class _SamplingFields(_Base):
     logit_bias: dict[str, Float] | None = None
     user: str | None = None
     return_token_ids: bool = False       # vLLM extra: token ids in the response
+    cache_salt: str | None = None        # vLLM extra: this tenant's prefix-cache salt
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for the first field set to a value the engine cannot honour."""
@@ -96,6 +98,15 @@ class CompletionRequest(_SamplingFields):
     logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
     suffix: str | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """With ``logprobs``: the output's log-probabilities, and with ``echo`` the
+        prompt's too, gathered by the request as it runs (``kvmap.engine.logprobs``)."""
+        params = super().sampling_params(default_max_tokens)
+        if self.logprobs is None:
+            return params
+        return replace(params, logprobs=self.logprobs,
+                       prompt_logprobs=self.logprobs if self.echo else None)
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:

@@ -1,7 +1,11 @@
 """The engine thread's view of the requests it serves: which engine holds each, what has
 been sent to its stream, and how a request ends -- finished, aborted, or failed by a
 fault. Every path out frees the request's blocks in its engine and releases its place
-in the queue count, exactly once."""
+in the queue count, exactly once.
+
+A fault that belongs to one request fails that request alone with a 500: the engine
+ended it with ``error`` set (its sampling or stop checks raised), or publishing its
+output raised here (detokenizing, say)."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +14,10 @@ from dataclasses import dataclass
 from kvmap.engine.engine import Engine
 from kvmap.request import Request
 from kvmap.server.detokenize import IncrementalDetokenizer
+from kvmap.server.errors import incident
 from kvmap.server.inbox import AddRequest
-from kvmap.server.messages import ACCEPTED, Delta, EngineDeadError, Rejected
+from kvmap.server.messages import (ACCEPTED, Delta, EngineDeadError, Rejected,
+                                   RequestFailedError)
 from kvmap.server.request_stream import RequestStream
 
 log = logging.getLogger("kvmap.server")
@@ -49,7 +55,7 @@ class Publisher:
         try:
             req = engine.add_request(cmd.prompt_token_ids, cmd.params,
                                      request_id=stream.request_id, prompt=cmd.prompt,
-                                     arrival_s=cmd.arrival_s)
+                                     arrival_s=cmd.arrival_s, cache_salt=cmd.cache_salt)
         except ValueError as e:
             self.loop.release_queued()
             self.loop.push(stream, Rejected(e))
@@ -75,17 +81,24 @@ class Publisher:
             t = self.tracked.get(req.request_id)
             if t is None:
                 continue
-            self._observe_tokens(t)
-            if req.status.finished:
-                self._finish(t)
-                continue
-            out_ids = req.output_token_ids
-            new_ids = out_ids[t.num_sent_ids:]
-            text = t.detok.update(out_ids)
-            if new_ids or text:
-                t.num_sent_ids = len(out_ids)
-                self.loop.push(t.stream, Delta(text, new_ids, None, req.num_prompt_tokens,
-                                               len(out_ids)))
+            try:
+                self._publish_one(t, req)
+            except Exception as e:      # noqa: BLE001 -- post-processing: this request's
+                self.fail(t.engine, req.request_id, RequestFailedError(
+                    incident("the request failed while its output was prepared", e)))
+
+    def _publish_one(self, t: Tracked, req: Request) -> None:
+        self._observe_tokens(t)
+        if req.status.finished:
+            self._finish(t)
+            return
+        out_ids = req.output_token_ids
+        new_ids = out_ids[t.num_sent_ids:]
+        text = t.detok.update(out_ids)
+        if new_ids or text:
+            t.num_sent_ids = len(out_ids)
+            self.loop.push(t.stream, Delta(text, new_ids, None, req.num_prompt_tokens,
+                                           len(out_ids)))
 
     def _observe_tokens(self, t: Tracked) -> None:
         times = t.req.metrics.token_times_s
@@ -103,11 +116,18 @@ class Publisher:
     def _finish(self, t: Tracked) -> None:
         rid = t.req.request_id
         out = t.engine.pop_finished(rid)
+        if out.error is not None:       # the engine failed it alone (sampling, stops)
+            self._untrack(rid)
+            self.metrics.failed.inc()
+            self.loop.push(t.stream, RequestFailedError(
+                incident("the request failed in the engine", out.error)))
+            return
         text = t.detok.finish(out.text)
         self._untrack(rid)
         self.metrics.observe_finished(out.metrics, out.finish_reason, t.req.params.max_tokens)
         self.loop.push(t.stream, Delta(text, out.token_ids[t.num_sent_ids:], out.finish_reason,
-                                       len(out.prompt_token_ids), len(out.token_ids)))
+                                       len(out.prompt_token_ids), len(out.token_ids),
+                                       out.logprobs))
 
     def _untrack(self, request_id: str) -> None:
         self.tracked.pop(request_id, None)

@@ -143,7 +143,8 @@ async def collect(loop: EngineLoop, request: Request, stream: RequestStream
 async def event_stream(loop: EngineLoop, stream: RequestStream, make_chunk, first_chunks,
                        include_usage: bool, usage_chunk, with_token_ids: bool):
     """SSE lines: ``first_chunks``, one chunk per delta that has text (or token ids
-    when asked for, or the finish reason), the usage chunk, ``[DONE]``."""
+    when asked for, or the finish reason), the usage chunk, ``[DONE]``. A request that
+    ends in an error event gets no usage chunk after it (its usage is not known)."""
     last = None
     try:
         for chunk in first_chunks:
@@ -153,6 +154,7 @@ async def event_stream(loop: EngineLoop, stream: RequestStream, make_chunk, firs
                 delta = await stream.next()
             except (EngineDeadError, RequestFailedError, RequestTimeoutError) as e:
                 yield sse(error_body(stream_error_status(loop, e), str(e)))
+                last = None
                 break
             last = delta
             if delta.text or delta.finish_reason is not None \

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from kvmap.kv.redact import redact_obj, redact_spec
+
 TUNE_SCHEMA = "kvmap.tune/1"
 TUNE_FILE = "tune.json"
 
@@ -34,8 +36,9 @@ def path_table(steps: list[Step], title: str = "kvmap tune: the search path") ->
     for col in ("step", "config", "why", "cells", "verdict"):
         table.add_column(col, overflow="fold")
     for s in steps:
-        table.add_row(str(s.step), s.config, s.why,
-                      f"{', '.join(s.cells) or '-'} ({s.num_cells_total})", s.verdict)
+        table.add_row(*(redact_spec(v) for v in (
+            str(s.step), s.config, s.why, f"{', '.join(s.cells) or '-'} ({s.num_cells_total})",
+            s.verdict)))
     return table
 
 
@@ -49,15 +52,17 @@ def path_markdown(steps: list[Step]) -> str:
 
 
 def write_path(run_dir: str | Path, steps: list[Step], **fields) -> Path:
-    """Write ``tune.json`` (atomically) and ``tune.md``; returns the JSON's path."""
+    """Write ``tune.json`` (atomically) and ``tune.md``; returns the JSON's path. Both
+    go through the bench's redaction (``kvmap.kv.redact``), as every run file does."""
     run_dir = Path(run_dir)
     data = {"schema": TUNE_SCHEMA, **fields,
             "steps": [{**asdict(s), "cells": list(s.cells)} for s in steps]}
+    data = redact_obj(json.loads(json.dumps(data, default=str)))
     out = run_dir / TUNE_FILE
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, out)
-    (run_dir / "tune.md").write_text(path_markdown(steps))
+    (run_dir / "tune.md").write_text(redact_spec(path_markdown(steps)))
     return out
 
 

@@ -89,7 +89,7 @@ def build_scenario(setup: TuneSetup, space: TuneSpace, name: str,
             "cell_timeout_s": setup.cell_timeout_s}
     if setup.slo:
         data["slo"] = setup.slo
-    scenario = parse_scenario(data, source, Path.cwd())
+    scenario = parse_scenario(data, source, Path.cwd(), code=True)   # the user's --task
     if len(scenario.workloads) != 1 or scenario.workloads[0].load is not None:
         raise ValueError(f"--workload {setup.workload!r}: tune takes one workload at one "
                          "load level (no arrival list)")

@@ -22,7 +22,8 @@ from kvmap.kv.tiers import serde
 from kvmap.kv.tiers.shared_namespace import (
     layout_fingerprint, namespace_prefix, weights_identity)
 
-KEY_ENV, KEY = "KVMAP_TEST_SHARED_KEY", "a passphrase of the test pool"
+KEY_ENV, KEY = "KVMAP_TEST_SHARED_KEY", "5e" * 32       # a random key of 32 bytes, hex
+OTHER_KEY = "a7" * 32
 PEER = Path(__file__).with_name("shared_peer.py")
 SRC = Path(__file__).resolve().parents[3] / "src"
 
@@ -43,17 +44,23 @@ def test_bad_shared_specs_are_named_at_parse_time(tiers, message):
     assert "hunter2" not in str(err.value)        # a literal key is never echoed
 
 
-def test_a_missing_or_short_key_names_its_variable(monkeypatch):
-    from kvmap.kv.tiers.shared_namespace import shared_auth_key
+def test_a_missing_short_or_passphrase_key_names_its_variable(monkeypatch):
+    """The key is random (32+ bytes as hex), never a passphrase: one hash of a
+    passphrase would let whoever reads the Redis test guesses offline against any
+    sealed frame."""
+    from kvmap.kv.tiers.shared_namespace import shared_keys
     monkeypatch.delenv(KEY_ENV, raising=False)
     with pytest.raises(ValueError, match=f"{KEY_ENV}.*is not set"):
-        shared_auth_key(f"env:{KEY_ENV}")
-    monkeypatch.setenv(KEY_ENV, "short")
-    with pytest.raises(ValueError, match="fewer than 16 characters") as err:
-        shared_auth_key(f"env:{KEY_ENV}")
-    assert "short" not in str(err.value)
+        shared_keys(f"env:{KEY_ENV}")
+    for bad in ("ab" * 31, "a passphrase of the test pool, long enough"):
+        monkeypatch.setenv(KEY_ENV, bad)
+        with pytest.raises(ValueError, match="random key of at least 32 bytes") as err:
+            shared_keys(f"env:{KEY_ENV}")
+        assert bad not in str(err.value) and "token_hex" in str(err.value)
     monkeypatch.setenv(KEY_ENV, KEY)
-    assert len(shared_auth_key(f"env:{KEY_ENV}")) == 32
+    keys = shared_keys(f"env:{KEY_ENV}")
+    assert len({keys.frames, keys.index, keys.names}) == 3      # three derived keys
+    assert all(len(k) == 32 for k in (keys.frames, keys.index, keys.names))
 
 
 # ---- the namespace ------------------------------------------------------------------------
@@ -91,6 +98,13 @@ def shared_tier(url, fingerprint, key_env=KEY_ENV):
                            layout_fingerprint=fingerprint)
 
 
+def put_all(tier, items) -> None:
+    """Puts that are in Redis when this returns (the writes run on a thread)."""
+    for key, data in items:
+        assert tier.put(key, data)
+    tier.flush()
+
+
 @pytest.fixture
 def fingerprint(redis_url, monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
@@ -104,7 +118,7 @@ def fingerprint(redis_url, monkeypatch):
 @pytest.mark.redis
 def test_a_peer_tier_finds_and_reads_what_another_wrote(redis_url, fingerprint):
     writer, reader = shared_tier(redis_url, fingerprint), shared_tier(redis_url, fingerprint)
-    assert writer.put(b"h1", frame(1)) and writer.put(b"h2", frame(2))
+    put_all(writer, [(b"h1", frame(1)), (b"h2", frame(2))])
     assert not reader.contains(b"h1")                     # nothing known before discovery
     reader.discover([b"h1", b"h2", b"h3"])
     assert reader.contains(b"h1") and reader.contains(b"h2") and not reader.contains(b"h3")
@@ -123,15 +137,16 @@ def test_another_layout_in_the_same_namespace_is_a_counted_miss(redis_url, finge
     other = fingerprint[:16] + bytes(16)                  # same namespace, other layout
     assert namespace_prefix(other) == namespace_prefix(fingerprint)
     reader = shared_tier(redis_url, other)
-    assert writer.put(b"h1", frame(1))
+    put_all(writer, [(b"h1", frame(1))])
     reader.discover([b"h1"])
     assert not reader.contains(b"h1") and reader.stats.errors["layout"] == 1
     assert reader.get(b"h1") is None
-    # an index entry that lies about the layout: the sealed frame still refuses it
+    # a key holder's index entry that lies about the layout: the frame still refuses it
     import redis
     from kvmap.kv.tiers.shared_frames import index_entry
     client = redis.Redis.from_url(redis_url)
-    client.set(reader._ikey(b"h2"), index_entry(other, len(frame(2))))
+    client.set(reader._ikey(b"h2"), index_entry(reader._index_auth, b"b:h2", other,
+                                                len(frame(2))))
     client.set(reader._rkey(b"h2"), client.get(writer._rkey(b"h1")))
     reader.discover([b"h2"])
     assert reader.get(b"h2") is None and reader.stats.errors["layout"] == 2
@@ -140,26 +155,55 @@ def test_another_layout_in_the_same_namespace_is_a_counted_miss(redis_url, finge
 
 
 @pytest.mark.redis
-def test_a_tampered_frame_or_a_wrong_key_is_a_miss_and_deletes_nothing(
-        redis_url, fingerprint, monkeypatch):
+def test_names_are_keyed_and_another_key_sees_nothing(redis_url, fingerprint, monkeypatch):
+    """A block's Redis names are a keyed hash of its prefix hash: neither the hash nor
+    anything computable without the key appears in Redis, and a tier with another key
+    looks under other names (it finds nothing, and touches nothing)."""
     import redis
     client = redis.Redis.from_url(redis_url)
     writer = shared_tier(redis_url, fingerprint)
-    assert writer.put(b"h1", frame(1)) and writer.put(b"h2", frame(2))
-    monkeypatch.setenv("KVMAP_TEST_OTHER_KEY", "another passphrase entirely")
+    block_hash = bytes(range(32))
+    put_all(writer, [(block_hash, frame(1))])
+    names = [k for k in client.keys(namespace_prefix(fingerprint).encode() + b"*")]
+    assert len(names) == 2 and not any(block_hash.hex().encode() in n or block_hash in n
+                                       for n in names)
+    monkeypatch.setenv("KVMAP_TEST_OTHER_KEY", OTHER_KEY)
     wrong = shared_tier(redis_url, fingerprint, "KVMAP_TEST_OTHER_KEY")
-    wrong.discover([b"h1"])
-    assert wrong.get(b"h1") is None and wrong.stats.errors["auth"] == 1
-    assert client.exists(writer._rkey(b"h1"))             # a wrong key cannot wipe the pool
+    assert wrong._rkey(block_hash) != writer._rkey(block_hash)
+    wrong.discover([block_hash])
+    assert not wrong.contains(block_hash) and wrong.stats.num_errors == 0
+    assert client.exists(writer._rkey(block_hash))
+
+
+@pytest.mark.redis
+def test_garbage_under_our_names_is_counted_and_replaced(redis_url, fingerprint):
+    """What a writer without the key can do: overwrite a name (it can read the names,
+    not make new ones). A tampered frame, a forged index entry and a garbage entry are
+    counted misses -- never refused forever -- and the next put of the block replaces
+    them, so the pool serves it again."""
+    import redis
+    client = redis.Redis.from_url(redis_url)
+    writer = shared_tier(redis_url, fingerprint)
+    put_all(writer, [(b"h1", frame(1)), (b"h2", frame(2)), (b"h3", frame(3))])
     sealed = bytearray(client.get(writer._rkey(b"h2")))
     sealed[-1] ^= 0x01                                    # one flipped bit in the frame
     client.set(writer._rkey(b"h2"), bytes(sealed))
+    entry = bytearray(client.get(writer._ikey(b"h3")))
+    entry[40] ^= 0xFF                                     # a forged size in the entry
+    client.set(writer._ikey(b"h3"), bytes(entry))
+    client.set(writer._ikey(b"h1"), b"garbage")
     reader = shared_tier(redis_url, fingerprint)
-    reader.discover([b"h1", b"h2"])
-    assert reader.get(b"h2") is None and reader.stats.errors["auth"] == 1
-    assert reader.get(b"h1") == frame(1)
-    reader.discover([b"h2"])                              # refused once, not fetched again
-    assert not reader.contains(b"h2")
+    reader.discover([b"h1", b"h2", b"h3"])
+    assert not reader.contains(b"h1") and not reader.contains(b"h3")
+    assert reader.stats.errors["corrupt"] == 1 and reader.stats.errors["auth"] == 1
+    assert reader.get(b"h2") is None and reader.stats.errors["auth"] == 2
+    reader.discover([b"h1", b"h2", b"h3"])                # not fetched again meanwhile
+    assert reader.stats.errors["auth"] == 2 and not reader.contains(b"h2")
+    put_all(reader, [(b"h1", frame(1)), (b"h2", frame(2)), (b"h3", frame(3))])
+    fresh = shared_tier(redis_url, fingerprint)
+    fresh.discover([b"h1", b"h2", b"h3"])
+    assert [fresh.get(k) for k in (b"h1", b"h2", b"h3")] == [frame(1), frame(2), frame(3)]
+    assert fresh.stats.num_errors == 0
     reader.check_integrity()
 
 
@@ -170,8 +214,7 @@ def test_a_full_local_view_forgets_blocks_but_redis_keeps_them(redis_url, finger
     client = redis.Redis.from_url(redis_url)
     writer = shared_tier(redis_url, fingerprint)
     keys = [f"h{i}".encode() for i in range(5)]
-    for i, key in enumerate(keys):
-        assert writer.put(key, frame(i))
+    put_all(writer, [(key, frame(i)) for i, key in enumerate(keys)])
     small = SharedRedisTier(3 * len(frame(0)), "lru", url=redis_url,
                             shared_key=f"env:{KEY_ENV}", layout_fingerprint=fingerprint)
     small.discover(keys)
@@ -233,7 +276,6 @@ def test_a_second_process_reuses_the_first_ones_blocks_and_others_read_nothing(r
     for peer in (int8, other_model):                      # other codec / model: nothing
         assert peer["fetched_tokens"] == 0 and peer["redis_hits"] == 0
         assert peer["namespace"] != first["namespace"]
-    (wrong_key,) = run_peer([run], redis_url, key="not the pool's passphrase")
+    (wrong_key,) = run_peer([run], redis_url, key=OTHER_KEY)
     assert wrong_key["fetched_tokens"] == 0 and wrong_key["redis_hits"] == 0
-    assert wrong_key["redis_errors"].get("auth", 0) >= 1
-    assert wrong_key["tokens"] == cold["tokens"]
+    assert wrong_key["tokens"] == cold["tokens"]          # other names: it finds nothing

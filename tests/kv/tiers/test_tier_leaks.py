@@ -24,15 +24,21 @@ def dead_pid() -> int:
 
 
 def test_dead_processes_disk_directories_are_swept_live_ones_kept(tmp_path):
-    dead = tmp_path / f"kvmap-disk-{dead_pid()}-abc"
-    live = tmp_path / f"kvmap-disk-{os.getppid()}-def"
+    """Only pids of this pid space are judged: a directory of a process in another pid
+    namespace (a container sharing the directory and the host name) stays, whatever
+    its pid looks like here."""
+    from kvmap.kv.tiers.owner import pid_space
+    space, pid = pid_space(), dead_pid()
+    dead = tmp_path / f"kvmap-disk-{space}-{pid}-abc"
+    live = tmp_path / f"kvmap-disk-{space}-{os.getppid()}-def"
+    elsewhere = tmp_path / f"kvmap-disk-{'0' * 12}-{pid}-ghi"     # dead here, not there
     other = tmp_path / "kvmap-disk-notapid"
-    for d in (dead, live, other):
+    for d in (dead, live, elsewhere, other):
         d.mkdir()
         (d / "x.kvb").write_bytes(b"1")
     mine = private_directory(tmp_path)
-    assert not dead.exists() and live.exists() and other.exists()
-    assert mine.name.startswith(f"kvmap-disk-{os.getpid()}-")
+    assert not dead.exists() and live.exists() and elsewhere.exists() and other.exists()
+    assert mine.name.startswith(f"kvmap-disk-{space}-{os.getpid()}-")
 
 
 def test_disk_tier_on_tmpfs_warns(tmp_path, monkeypatch):
@@ -132,6 +138,13 @@ def test_redis_namespace_deleted_at_exit_and_after_a_kill_on_next_start(redis_se
     live[2] = str(os.getpid())                                   # a live process's key
     client.set(":".join(live).encode() + b"s:b", b"x")
     client.set(b"shared:ns:s:c", b"x")                           # not a private namespace
+    # the same host name in another pid namespace (a container on the host network,
+    # named by host and pid alone): its pid is dead here, but not ours to judge
+    import re
+    import socket
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+    twin = f"kvmap:{host}:{prefix.split(':')[2]}:x:".encode() + b"s:d"
+    client.set(twin, b"x")
     from kvmap.kv.tiers.redis_tier import RedisTier
     tier = RedisTier(1 << 20, url=redis_server.url)
     try:
@@ -140,5 +153,6 @@ def test_redis_namespace_deleted_at_exit_and_after_a_kill_on_next_start(redis_se
         keys = sorted(client.keys())
         assert prefix.encode() + b"s:a" not in keys
         assert b"shared:ns:s:c" in keys and ":".join(live).encode() + b"s:b" in keys
+        assert twin in keys
     finally:
         tier.close()

@@ -9,7 +9,8 @@ one-block CPU scratch stores, one per layer (a static-scale codec's ranges are p
 
 When a level's codec is the pool's, a frame holds the pool's tensors bit for bit. Every
 frame read back is checked before use: CRC (``serde.decode_block``), then layer count,
-tensor names, dtypes and shapes against what the codec stores (:class:`FrameMismatch`).
+tensor names, dtypes and shapes against what the codec stores (:class:`FrameMismatch`),
+then every floating tensor for NaN and inf (``serde.check_finite``).
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class BlockFrames:
                 if t.dtype != ref.dtype or t.shape != ref.shape[1:]:
                     raise FrameMismatch(f"layer {layer} {name}: {t.dtype} {tuple(t.shape)},"
                                         f" expected {ref.dtype} {tuple(ref.shape[1:])}")
+            serde.check_finite(tensors.items())
         return frame
 
     def write_pool_block(self, block_id: int, frame: Frame, codec: Codec) -> None:

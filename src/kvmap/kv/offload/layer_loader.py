@@ -80,14 +80,20 @@ class FrameLayout:
         self._skeleton_ref = np.frombuffer(reference, np.uint8)[self._skeleton]
 
     def check(self, data: bytes) -> None:
-        """Raise ``serde.CorruptBlockError`` (length, CRC) or ``FrameMismatch`` (another
-        layout: layer count, names, dtypes or shapes) unless ``data`` is an intact frame
-        of this layout."""
+        """Raise ``serde.CorruptBlockError`` (length, CRC, NaN or inf in a floating
+        tensor) or ``FrameMismatch`` (another layout: layer count, names, dtypes or
+        shapes) unless ``data`` is an intact frame of this layout."""
         serde.verify(data)
         if len(data) != self.num_bytes or not np.array_equal(
                 np.frombuffer(data, np.uint8)[self._skeleton], self._skeleton_ref):
             raise FrameMismatch(f"frame of {len(data)} bytes does not have the layout of "
                                 f"the pool's frames ({self.num_bytes} bytes)")
+        view = memoryview(data).cast("B")
+        serde.check_finite(
+            (slot.name, torch.frombuffer(bytearray(view[start + slot.offset:][
+                :slot.num_bytes]), dtype=torch.uint8).view(slot.dtype))
+            for (start, _), slots in zip(self.layer_ranges, self.tensors) for slot in slots
+            if slot.dtype.is_floating_point and slot.num_bytes)
 
 
 class LayerLoad:

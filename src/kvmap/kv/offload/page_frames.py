@@ -107,6 +107,7 @@ class PageFrames:
             if t.dtype != r.dtype or t.shape != r.shape:
                 raise FrameMismatch(f"page frame {name}: {t.dtype} {tuple(t.shape)}, "
                                     f"expected {r.dtype} {tuple(r.shape)}")
+        serde.check_finite(tensors.items())
         # the pool's codec reads on the pool's device with the pool's per-layer state;
         # another codec on CPU with its scratch store's state, then moves K and V
         dev = self.kv.device if self.is_pool_codec(codec) else torch.device("cpu")

@@ -109,7 +109,8 @@ class PrefixReader:
         except serde.DECODE_ERRORS as e:        # CorruptBlockError, FrameMismatch, ...
             with store.lock:
                 level.tier.delete(block_hash)
-            kind = "corrupt" if isinstance(e, serde.CorruptBlockError) else "mismatch"
+            kind = "mismatch" if not isinstance(e, serde.CorruptBlockError) else \
+                "nonfinite" if e.field == "nonfinite" else "corrupt"
             return FrameRead(level, None, len(data), kind, time.perf_counter() - start_s)
         return FrameRead(level, frame, len(data), None, time.perf_counter() - start_s)
 

@@ -13,8 +13,9 @@ adopted, and stale ``*.kvb`` files found in the directory at start are removed -
 give each live tier a directory of its own.
 
 Leaks: a directory the tier makes (:func:`private_directory`) is named
-``kvmap-disk-<pid>-<random>``; :meth:`close` and an ``atexit`` hook remove it, and each
-new one first removes its siblings whose pid is dead (a killed cell runs neither). A
+``kvmap-disk-<space>-<pid>-<random>``; :meth:`close` and an ``atexit`` hook remove it,
+and each new one first removes its siblings whose pid is dead in the same pid space
+(``owner.py``; a killed cell runs neither). A
 directory on tmpfs or ramfs is RAM, not disk: the tier warns (``TmpfsWarning``).
 """
 from __future__ import annotations
@@ -33,11 +34,11 @@ from pathlib import Path
 
 from kvmap.kv.tiers.backend import tier_backend
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
-from kvmap.kv.tiers.owner import pid_alive
+from kvmap.kv.tiers.owner import pid_alive, pid_space
 
 SUFFIX = ".kvb"
 DIR_PREFIX = "kvmap-disk-"
-_PRIVATE_DIR = re.compile(rf"{DIR_PREFIX}(\d+)-")
+_PRIVATE_DIR = re.compile(rf"{DIR_PREFIX}([0-9a-f]{{12}})-(\d+)-")
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,11 @@ class TmpfsWarning(RuntimeWarning):
 
 
 def sweep_dead_directories(parent: str | os.PathLike) -> list[Path]:
-    """Remove ``kvmap-disk-<pid>-*`` directories under ``parent`` whose process is dead;
-    the ones removed. Directories of live processes, and anything else, stay."""
+    """Remove ``kvmap-disk-<space>-<pid>-*`` directories under ``parent`` whose process
+    is dead and whose ``space`` is ours (``owner.pid_space``: the same boot and pid
+    namespace, where a pid can be checked); the ones removed. Directories of live
+    processes, of another pid namespace (a container sharing the directory), and
+    anything else, stay."""
     removed = []
     try:
         entries = list(Path(parent).iterdir())
@@ -56,20 +60,21 @@ def sweep_dead_directories(parent: str | os.PathLike) -> list[Path]:
         return removed
     for path in entries:
         m = _PRIVATE_DIR.match(path.name)
-        if m and path.is_dir() and int(m.group(1)) != os.getpid() \
-                and not pid_alive(int(m.group(1))):
+        if m and path.is_dir() and m.group(1) == pid_space() \
+                and int(m.group(2)) != os.getpid() and not pid_alive(int(m.group(2))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
 
 
 def private_directory(parent: str | os.PathLike | None = None) -> Path:
-    """A new ``kvmap-disk-<pid>-<random>`` directory under ``parent`` (default: the temp
-    dir), after sweeping the ones of dead processes there."""
+    """A new ``kvmap-disk-<space>-<pid>-<random>`` directory under ``parent`` (default:
+    the temp dir), after sweeping the ones of dead processes there."""
     parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     sweep_dead_directories(parent)
-    return Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid_space()}-{os.getpid()}-",
+                                 dir=parent))
 
 
 def filesystem_type(path: str | os.PathLike) -> str | None:

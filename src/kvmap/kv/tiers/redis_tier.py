@@ -17,15 +17,18 @@ without touching the network. The backoff starts at ``backoff_initial_s`` and do
 per consecutive failure up to ``backoff_max_s``; the first success resets it.
 redis-py's own retries are switched off so that one call costs at most one timeout.
 
-Credentials come from the environment: ``url="env:NAME"`` reads the URL from variable
-NAME (``tiers(redis=env:KVMAP_REDIS_URL)``), and ``KVMAP_REDIS_PASSWORD``, when set, is
-the password of a URL that has none. ``self.url`` is always the redacted URL
-(``kvmap.kv.redact``), safe to display.
+Credentials come only from the environment: ``url="env:NAME"`` reads the URL from
+variable NAME (``tiers(redis=env:KVMAP_REDIS_URL)``), and ``KVMAP_REDIS_PASSWORD``, when
+set, is the password of a URL that has none (a user name in the URL is kept). A URL in a
+spec with a password in it is refused when the spec is parsed (``check_url``), saying
+how to pass it. ``self.url`` is always the redacted URL (``kvmap.kv.redact``).
 
-Leaks: a tier's private namespace is ``kvmap:<host>:<pid>:<random>:``; every key gets a
-TTL (``key_ttl_s``, refreshed by each put), :meth:`close` and an ``atexit`` hook delete
-the namespace, and the first tier of a process deletes the namespaces of dead processes
-of this host (a killed cell runs neither). A ``key_prefix`` given explicitly is a shared
+Leaks: a tier's private namespace is ``kvmap:<owner>:<pid>:<random>:`` (``owner``: the
+host name and a hash of its boot id and pid namespace, ``owner.owner_tag``); every key
+gets a TTL (``key_ttl_s``, refreshed by each put), :meth:`close` and an ``atexit`` hook
+delete the namespace, and the first tier of a process deletes the namespaces of dead
+processes with its own owner tag (a killed cell runs neither) -- never those of another
+pid namespace that shares the host name, whose pids it cannot see. A ``key_prefix`` given explicitly is a shared
 namespace: it is never swept by another process, only expired by its TTL.
 
 The ``redis`` backend is registered in ``redis_backend.py``, which builds this tier or
@@ -35,8 +38,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
-import socket
 import time
 import uuid
 import weakref
@@ -46,9 +47,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvmap.kv.redact import redact_spec
+from kvmap.kv.redact import check_no_password, redact_url
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
-from kvmap.kv.tiers.owner import pid_alive
+from kvmap.kv.tiers.owner import owner_tag, pid_alive
 
 _DOWN_ERRORS = {redis.exceptions.ConnectionError: "connection",
                 redis.exceptions.TimeoutError: "timeout"}
@@ -70,20 +71,16 @@ def resolve_url(url: str) -> str:
     return value
 
 
-def _host_tag() -> str:
-    """The host name, safe inside a key and a SCAN pattern (no ':', no glob characters)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
-
-
 def private_prefix() -> str:
-    """A namespace of this process's own: ``kvmap:<host>:<pid>:<random>:``."""
-    return f"kvmap:{_host_tag()}:{os.getpid()}:{uuid.uuid4().hex[:12]}:"
+    """A namespace of this process's own: ``kvmap:<owner>:<pid>:<random>:``."""
+    return f"kvmap:{owner_tag()}:{os.getpid()}:{uuid.uuid4().hex[:12]}:"
 
 
 def sweep_dead_namespaces(client) -> int:
-    """Delete the private namespaces of dead processes of this host; the number of keys
-    deleted. Namespaces of other hosts and shared ones are left to their TTLs."""
-    host = _host_tag()
+    """Delete the private namespaces of dead processes with this process's owner tag
+    (same host, boot and pid namespace); the number of keys deleted. Namespaces of other
+    hosts or pid namespaces, and shared ones, are left to their TTLs."""
+    host = owner_tag()
     dead: set[bytes] = set()
     deleted = 0
     for n, rkey in enumerate(client.scan_iter(match=f"kvmap:{host}:*", count=1000)):
@@ -100,11 +97,19 @@ def sweep_dead_namespaces(client) -> int:
 
 
 def check_url(url) -> None:
-    """``tiers(redis=URL)``: the URL schemes redis-py connects to."""
+    """``tiers(redis=URL)``: the URL schemes redis-py connects to, and no password in
+    it (ValueError saying how to pass one)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://",
                                                        "env:")):
-        raise ValueError(f"tiers: redis={redact_spec(str(url))!r} is not a redis://, "
+        raise ValueError(f"tiers: redis={redact_url(str(url))!r} is not a redis://, "
                          "rediss:// or unix:// URL, nor env:NAME (the URL in variable NAME)")
+    check_no_password(url, "tiers: redis=", f"Give it in ${PASSWORD_ENV}, or the whole "
+                      "URL in an environment variable: redis=env:NAME.")
+
+
+def _has_password(url: str) -> bool:
+    rest = url.partition("://")[2]
+    return "@" in rest and ":" in rest.rsplit("@", 1)[0]
 
 
 class RedisTier(Tier):
@@ -135,10 +140,10 @@ class RedisTier(Tier):
         self.key_prefix = (key_prefix if key_prefix is not None
                            else private_prefix()).encode()
         real_url = resolve_url(url)
-        self.url = redact_spec(real_url)          # for display; never the password
+        self.url = redact_url(real_url)           # for display; never the password
         self.key_ttl_s = key_ttl_s
         extra = {}
-        if os.environ.get(PASSWORD_ENV) and redact_spec(real_url) == real_url:
+        if os.environ.get(PASSWORD_ENV) and not _has_password(real_url):
             extra["password"] = os.environ[PASSWORD_ENV]
         self.client = redis.Redis.from_url(real_url, socket_timeout=socket_timeout_s,
                                            socket_connect_timeout=socket_timeout_s,

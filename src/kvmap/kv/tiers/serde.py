@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from typing import Mapping, NamedTuple, Sequence, Union
+from typing import Iterable, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
@@ -211,3 +211,14 @@ def _decode(data, check_crc: bool) -> list[dict[str, torch.Tensor]]:
         raise CorruptBlockError("descriptor", f"{end - offset} bytes left after the "
                                               f"last tensor")
     return block
+
+
+def check_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Raise ``CorruptBlockError("nonfinite")`` when a floating tensor holds NaN or inf.
+    The K, V and scales of a computed block are finite: a frame that is not was written
+    by a faulty or hostile writer (a key holder of a shared pool can seal anything) and
+    would poison every attention that reads it. Integer codes are not checked."""
+    for name, t in tensors:
+        if t.is_floating_point() and t.numel() and not bool(
+                torch.isfinite(t.float() if t.element_size() == 1 else t).all()):
+            raise CorruptBlockError("nonfinite", f"tensor {name!r} holds NaN or inf")

@@ -6,15 +6,20 @@ with the namespace's key that every sharing process is given::
 
     sealed value = magic "KVMS" | version u16 | reserved u16
                    | layout fingerprint (32) | tag (16) | serde frame
-    tag          = FrameAuth(key).tag(tier key, fingerprint + frame)
+    tag          = FrameAuth(frames key).tag(tier key, fingerprint + frame)
 
     index entry  = magic "KVMI" | layout fingerprint (32) | sealed value bytes u64
+                   | tag (16)
+    tag          = FrameAuth(index key).tag(tier key, fingerprint + value bytes)
 
 Opening a sealed value checks, in order: its shape (``corrupt``), the fingerprint
 against the reader's own (``layout``: a peer that wrote with another layout), the tag
-(``auth``: tampered, moved between keys, or written with another key). Each failure is
-a ``TierError`` of that kind, which the tier counts and answers as a miss. Keys are
-content hashes, so a replayed older value of a key is the same bytes and does no harm.
+(``auth``: tampered, moved between keys, or written with another key). Reading an index
+entry checks its shape (``corrupt``) and its tag (``auth``) before its fingerprint is
+believed: a writer without the key can neither make peers refuse a block (a forged
+"another layout" entry) nor advertise one. Each failure is a ``TierError`` of that kind,
+which the tier counts and answers as a miss. Keys are content hashes, so a replayed
+older value of a key is the same bytes and does no harm.
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ from kvmap.kv.tiers.base import TierError
 from kvmap.kv.tiers.shared_namespace import FINGERPRINT_BYTES
 
 _SEAL = struct.Struct(f"<4sHH{FINGERPRINT_BYTES}s{TAG_BYTES}s")
-_ENTRY = struct.Struct(f"<4s{FINGERPRINT_BYTES}sQ")
-SEAL_MAGIC, ENTRY_MAGIC, SEAL_VERSION = b"KVMS", b"KVMI", 1
+_ENTRY = struct.Struct(f"<4s{FINGERPRINT_BYTES}sQ{TAG_BYTES}s")
+SEAL_MAGIC, ENTRY_MAGIC, SEAL_VERSION = b"KVMS", b"KVMI", 2
 SEAL_HEADER_BYTES = _SEAL.size
 
 
@@ -53,13 +58,21 @@ def open_sealed(auth: FrameAuth, key_bytes: bytes, fingerprint: bytes,
     return frame
 
 
-def index_entry(fingerprint: bytes, value_bytes: int) -> bytes:
-    return _ENTRY.pack(ENTRY_MAGIC, fingerprint, value_bytes)
+def index_entry(auth: FrameAuth, key_bytes: bytes, fingerprint: bytes,
+                value_bytes: int) -> bytes:
+    """The index entry of a value of ``value_bytes`` under ``key_bytes``, tagged."""
+    tag = auth.tag(key_bytes, fingerprint + value_bytes.to_bytes(8, "little"))
+    return _ENTRY.pack(ENTRY_MAGIC, fingerprint, value_bytes, tag)
 
 
-def read_index_entry(entry: bytes) -> tuple[bytes, int] | None:
-    """(fingerprint, sealed value bytes) of an index entry; None if it is malformed."""
+def read_index_entry(auth: FrameAuth, key_bytes: bytes, entry: bytes) -> tuple[bytes, int]:
+    """(fingerprint, sealed value bytes) of the index entry read under ``key_bytes``.
+    Raises TierError of kind corrupt (its shape) or auth (its tag)."""
     if not isinstance(entry, bytes) or len(entry) != _ENTRY.size:
-        return None
-    magic, fingerprint, value_bytes = _ENTRY.unpack(entry)
-    return (fingerprint, value_bytes) if magic == ENTRY_MAGIC else None
+        raise TierError("corrupt", "an index entry of the wrong size")
+    magic, fingerprint, value_bytes, tag = _ENTRY.unpack(entry)
+    if magic != ENTRY_MAGIC:
+        raise TierError("corrupt", f"index entry magic {magic!r}")
+    if not auth.check(key_bytes, fingerprint + value_bytes.to_bytes(8, "little"), tag):
+        raise TierError("auth", "the index entry's tag does not match")
+    return fingerprint, value_bytes

@@ -16,22 +16,30 @@ frame written with another layout is refused even inside this namespace.
 strided sample of the embedding rows and the final norm: two random-weight models of one
 shape with different seeds, or two quantizations of one checkpoint, differ there.
 
-The key: ``shared_key=env:NAME`` names the environment variable that holds a passphrase
-(at least ``MIN_PASSPHRASE_CHARS``) that every sharing process is given; the spec holds
-only the variable's name, so records and logs never see the key.
+The key: ``shared_key=env:NAME`` names the environment variable that holds the pool's
+random key -- at least ``MIN_KEY_BYTES`` bytes as hex (``python -c "import secrets;
+print(secrets.token_hex(32))"``) -- that every sharing process is given; the spec holds
+only the variable's name, so records and logs never see the key. A passphrase is
+refused: one hash of it would be the key, and every sealed frame in Redis (whose bytes
+are largely predictable) would let whoever reads Redis test guesses offline. From the
+key, three keys of their own are derived (keyed BLAKE2b, one ``person`` each): the
+frames' tags, the index entries' tags, and the *names* of a block's Redis keys -- a
+keyed hash of its prefix hash, so that a Redis reader without the key cannot tell which
+prompts' blocks are stored, nor plant a value under the name a block will take.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from typing import Iterable
 
 import torch
 
 NAMESPACE_ROOT = "kvmap:shared:"
 FINGERPRINT_BYTES = 32
-MIN_PASSPHRASE_CHARS = 16
+MIN_KEY_BYTES = 32
+KEY_HINT = "python -c \"import secrets; print(secrets.token_hex(32))\""
 _SAMPLED_ROWS = 1024        # embedding rows hashed: enough to tell weights apart, ~1 MB
 
 
@@ -66,18 +74,42 @@ def namespace_prefix(fingerprint: bytes) -> str:
     return f"{NAMESPACE_ROOT}{fingerprint[:16].hex()}:"
 
 
-def shared_auth_key(shared_key: str) -> bytes:
-    """The 32-byte frame-authentication key from ``env:NAME``. ValueError naming the
-    variable (never its value) when it is unset or too short."""
+@dataclass(frozen=True)
+class SharedKeys:
+    """The keys derived from a pool's random key: ``frames`` tags sealed frames,
+    ``index`` tags index entries, ``names`` names a block's Redis keys."""
+
+    frames: bytes
+    index: bytes
+    names: bytes
+
+    def name(self, key_bytes: bytes) -> bytes:
+        """The Redis name of a content-addressed tier key (32 bytes, hex)."""
+        return hashlib.blake2b(key_bytes, key=self.names, digest_size=32).hexdigest().encode()
+
+
+def shared_keys(shared_key: str) -> SharedKeys:
+    """The keys of ``env:NAME``'s random key. ValueError naming the variable (never its
+    value) when it is unset, not hex, or shorter than ``MIN_KEY_BYTES``."""
     name = _env_name(shared_key)
-    value = os.environ.get(name, "")
-    if len(value) < MIN_PASSPHRASE_CHARS:
-        state = "is not set" if not value else \
-            f"holds fewer than {MIN_PASSPHRASE_CHARS} characters"
+    value = os.environ.get(name, "").strip()
+    try:
+        key = bytes.fromhex(value)
+    except ValueError:
+        key = b""
+    if len(key) < MIN_KEY_BYTES:
+        state = "is not set" if not value else (
+            f"does not hold a random key of at least {MIN_KEY_BYTES} bytes in hex "
+            f"({2 * MIN_KEY_BYTES}+ hex digits; a passphrase is refused)")
         raise ValueError(f"tiers: shared_key=env:{name}: environment variable {name!r} "
-                         f"{state}; give every sharing process the same passphrase there")
-    return hashlib.blake2b(value.encode(), digest_size=32,
-                           person=b"kvmap-shared").digest()
+                         f"{state}; give every sharing process the same random key there, "
+                         f"made with: {KEY_HINT}")
+
+    key = key if len(key) <= 64 else hashlib.blake2b(key).digest()   # BLAKE2b's key limit
+
+    def derive(person: bytes) -> bytes:
+        return hashlib.blake2b(b"", key=key, digest_size=32, person=person).digest()
+    return SharedKeys(derive(b"kvmap-frames"), derive(b"kvmap-index"), derive(b"kvmap-names"))
 
 
 def check_shared_options(options: dict) -> None:

@@ -30,7 +30,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = ctx.sampling_params(body, len(ids), None, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = await ctx.submit(request_id, ids, params, prompt, arrival_s)
+    stream = await ctx.submit(request_id, ids, params, prompt, arrival_s,
+                              ctx.cache_salt_of(body))
     head = {"id": request_id, "object": "chat.completion.chunk" if body.stream
             else "chat.completion", "created": int(time.time()), "model": ctx.model_name}
     last_message = body.messages[-1]

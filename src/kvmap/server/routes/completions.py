@@ -8,9 +8,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from kvmap.server.context import ServerContext, server_context, usage
-from kvmap.server.engine_loop import DEFAULT_CALL_TIMEOUT_S
 from kvmap.server.errors import ERROR_RESPONSES, APIError
-from kvmap.server.logprobs import openai_logprobs, score_tokens, scoring_engine
+from kvmap.server.logprobs import openai_logprobs
 from kvmap.server.messages import Delta
 from kvmap.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                    CompletionResponse)
@@ -53,7 +52,8 @@ async def completions(body: CompletionRequest, request: Request,
     if body.echo:
         echo_text = prompt_text if prompt_text is not None \
             else await ctx.decode(ids) if ctx.tokenizer else ""
-    stream = await ctx.submit(request_id, ids, params, prompt_text, arrival_s)
+    stream = await ctx.submit(request_id, ids, params, prompt_text, arrival_s,
+                              ctx.cache_salt_of(body))
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
             "model": ctx.model_name}
 
@@ -87,23 +87,10 @@ async def completions(body: CompletionRequest, request: Request,
     last = deltas[-1]
     token_ids = [t for d in deltas for t in d.token_ids]
     out = choice(echo_text + "".join(d.text for d in deltas), last, token_ids)
-    if body.logprobs is not None:
-        out.logprobs = CompletionLogprobs(**await _logprobs(ctx, ids, token_ids, body))
+    if body.logprobs is not None:         # scored by the request itself, as it ran
+        out.logprobs = CompletionLogprobs(**await ctx.off_loop(
+            openai_logprobs, last.logprobs, 0 if body.echo else len(ids),
+            ctx.tokenizer.decode))
     return CompletionResponse(
         **head, choices=[out], usage=usage(len(ids), last.num_output_tokens),
         prompt_token_ids=ids if body.return_token_ids else None)
-
-
-async def _logprobs(ctx: ServerContext, prompt_ids: list[int], output_ids: list[int],
-                    body: CompletionRequest) -> dict:
-    """Prompt (with ``echo``) and output log-probabilities, scored in one pass."""
-    all_ids = prompt_ids + output_ids
-    try:
-        scored = await ctx.loop.call(
-            lambda loop: score_tokens(scoring_engine(loop), all_ids, body.logprobs),
-            timeout_s=ctx.limits.request_timeout_s or DEFAULT_CALL_TIMEOUT_S)
-    except ValueError as e:
-        raise APIError(400, f"cannot score this request's tokens: {e}", "logprobs") from None
-    decode = ctx.tokenizer.decode
-    return await ctx.off_loop(openai_logprobs, scored, 0 if body.echo else len(prompt_ids),
-                              decode)

@@ -14,9 +14,8 @@ router = APIRouter()
 @router.get("/health")
 async def health(ctx: ServerContext = Depends(server_context)):
     loop = ctx.loop
-    if not loop.alive:
-        raise APIError(503, "the engine loop is not running"
-                       + (f": {loop.error!r}" if loop.error else ""))
+    if not loop.alive:            # why is in the server log, never in a body
+        raise APIError(503, "the engine loop is not running")
     return Response(status_code=200)
 
 

@@ -16,6 +16,9 @@ async def tokenize(body: TokenizeRequest, ctx: ServerContext = Depends(server_co
     ctx.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", "prompt")
+    bad = ctx.limits.check_lists(body)
+    if bad is not None:
+        raise APIError(400, bad[1], bad[0])
     if body.messages is not None:
         text = await ctx.render_chat(body.messages, body.add_generation_prompt)
         ids = await ctx.encode(text, "messages")
@@ -29,6 +32,9 @@ async def detokenize(body: DetokenizeRequest, ctx: ServerContext = Depends(serve
     ctx.check_model(body.model)
     if ctx.tokenizer is None:
         raise APIError(400, "this model has no tokenizer", "tokens")
+    if len(body.tokens) > ctx.max_model_len:
+        raise APIError(400, f"tokens holds {len(body.tokens)} ids; this server detokenizes "
+                            f"at most the model's context, {ctx.max_model_len}", "tokens")
     if body.tokens:
         ctx.check_ids(body.tokens, "tokens")
     return {"prompt": await ctx.decode(body.tokens)}
