@@ -92,7 +92,10 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     """
     from kvmap.model.wquant import check_quantization
     check_quantization(quantization, device)
-    loaded = _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
+    from kvmap.model.preload import kept
+    loaded = (kept(model, resolve_dtype(dtype), device)      # a warm worker's weights
+              if use_cache and num_layers is None and seed == 0 else None) \
+        or _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
     loaded.quantization = quantization
     kind, path = resolve_model(model)
     if quantization == "int4" and kind == "gguf":
