@@ -15,6 +15,8 @@ torch.set_num_threads(2)
 # bench runs in tests do not measure the cells' OpenMP wait policy (seconds each run):
 # they get PASSIVE, safe on a shared machine; tests/test_hardware.py measures it once
 os.environ.setdefault("KVMAP_CELL_OMP_WAIT_POLICY", "PASSIVE")
+# ... nor the decode-step proxy that scales the bench's estimate (bench/estimate.py)
+os.environ.setdefault("KVMAP_BENCH_SLOWDOWN", "1")
 
 
 def make_tiny_llm(**kwargs):

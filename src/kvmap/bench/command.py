@@ -1,7 +1,13 @@
 """The ``kvmap bench`` command: ``register(app)`` adds it to a Typer app.
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
-                [--backend local|ray] [--address ADDR]
+                [--backend local|ray] [--address ADDR] [--budget 40m] [--no-sizing]
+                [--dry-run]
+
+Before the first cell it prints its estimate, per family of cells and in all, on this
+machine as it runs now, and sizes the scenario to its time budget (``bench.preflight``;
+the built-in default scenario's budget is 40 min, --quick's 3 min): what it cut, or a
+refusal (exit 2) when even the minimum does not fit. ``--dry-run`` prints only that.
 
 The run ends in its trade-off map: ``<run dir>/report.html`` and, in the terminal, the
 summary, the recommendation for the scenario's SLA and its checklist (``kvmap report``).
@@ -39,6 +45,15 @@ def bench(
     address: Optional[str] = typer.Option(None, "--address", help="With --backend ray: "
                                           "an existing Ray cluster (default: start Ray "
                                           "on this machine)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time budget (40m, "
+                                         "90s, 1h30m): requests, samples and search probes "
+                                         "are sized to fit it on this machine. Default: "
+                                         "40m for the built-in scenario, 3m with --quick, "
+                                         "none for a scenario file."),
+    no_sizing: bool = typer.Option(False, "--no-sizing", help="Run the scenario as "
+                                   "written; only say whether it fits --budget."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the estimate (and what "
+                                 "the budget cuts) and stop before any cell."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
@@ -56,15 +71,31 @@ def bench(
         raise typer.Exit(code=2) from None
     for note in parsed.notes:
         err.print(f"note: {escape(redact_spec(note))}")
+    from kvmap.bench.preflight import preflight
+    try:
+        plan = preflight(parsed, budget, sizing=not no_sizing,
+                         warm=backend == "local" and not address)
+    except ValueError as e:         # a bad --budget, or a budget below the minimum
+        typer.echo(f"error: {redact_spec(str(e))}", err=True)
+        raise typer.Exit(code=2) from None
+    for line in plan.lines():
+        err.print(escape(redact_spec(line)))
+    if dry_run:
+        return
+    parsed = plan.scenario
     run_dir = out or default_run_dir(parsed)
-    cells = parsed.cells()
+    left_out = {cid for cid, _ in (plan.plan.left_out if plan.plan else ())}
+    cells = [c for c in parsed.cells() if c.cell_id not in left_out]
     err.print(f"scenario {escape(repr(parsed.name))}: {len(cells)} cells "
               f"({len(parsed.models)} model(s), {len(parsed.all_kv())} KV configs, "
               f"{len(parsed.workloads)} workload levels, {len(parsed.tasks)} tasks) "
               f"-> {escape(str(run_dir))}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
-                              address=address, retry_failed=retry_failed)
+                              address=address, retry_failed=retry_failed, cells=cells,
+                              estimate=plan.estimate, searches=True)
+        from kvmap.bench.store import RunStore
+        RunStore(result.run_dir).update_metadata(preflight=plan.to_dict())
     except ValueError as e:
         typer.echo(f"error: {redact_spec(str(e))}", err=True)
         raise typer.Exit(code=2) from None

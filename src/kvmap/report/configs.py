@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvmap.bench.summary import cell_metric
+from kvmap.report.capacity import level_cells, search_capacity
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci
@@ -132,11 +133,13 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: dict, slo: dic
     for_slo = {w: rows for w, rows in s.rows.items() if w not in swept}
     for w in swept:
         cells = [c for c in group if c.get("workload") == w and L.load_of(c)]
+        searched = search_capacity(cells)       # arrival: auto (report/capacity.py)
+        cells = level_cells(cells)
         s.curves[w] = points = L.load_points(cells, rows_by_cell, slo, seed)
         by_id = {c["cell_id"]: c for c in cells}
         s.levels[w] = [(p.label, by_id[p.cell_id]["metrics"] if p.ok else None,
                         rows_by_cell.get(p.cell_id, [])) for p in points]
-        cap = L.sla_capacity(points, slo)
+        cap = searched or L.sla_capacity(points, slo)
         if w == s.primary_workload:
             s.capacity = cap
         ran = [p for p in points if p.ok]

@@ -1,0 +1,70 @@
+"""The SLA capacity of a configuration whose load levels were found by an ``arrival:
+auto`` search (``kvmap.bench.capacity_search``), read from its probe cells.
+
+A probe cell's ``load`` carries ``search`` (its role and the search's settings). The
+serial and saturated runs give the range and the knee, not levels of the curve: the
+curve and the capacity are read on the open-loop levels only. The capacity is the
+highest rate whose SLA attainment reached the target, bracketed by the lowest that
+missed (``Capacity.ci``), ``indeterminate`` when either bracket's attainment interval
+straddles the target; the knee is the lowest concurrency measured whose throughput
+reaches 90% of the peak.
+"""
+from __future__ import annotations
+
+from kvmap.bench.capacity_search import (Probe, SearchResult, SearchSettings,
+                                         requests_to_resolve, result)
+from kvmap.report.loadcurve import Capacity, load_of
+
+RANGE_ROLES = ("serial", "saturated")
+
+
+def search_of(cell: dict) -> dict | None:
+    """The ``search`` part of a probe cell's load (None for any other cell)."""
+    load = load_of(cell)
+    return load.get("search") if load and isinstance(load.get("search"), dict) else None
+
+
+def level_cells(cells: list[dict]) -> list[dict]:
+    """The cells that are levels of a load curve (a search's range runs are not)."""
+    return [c for c in cells if (search_of(c) or {}).get("role") not in RANGE_ROLES]
+
+
+def search_result(cells: list[dict]) -> SearchResult | None:
+    """The search over ``cells`` (one configuration's cells of one workload), or None
+    when they are not a search's probes. Probes in the order they ran (``started_at``)."""
+    probes = [c for c in cells if search_of(c)]
+    if not probes:
+        return None
+    first = search_of(probes[0])
+    fields = {k: first[k] for k in ("attainment", "tolerance", "levels", "max_probes")
+              if k in first}
+    settings = SearchSettings(**fields)
+    ordered = sorted(probes, key=lambda c: c.get("started_at") or "")
+    return result([Probe.of(c, settings.attainment) for c in ordered], settings)
+
+
+def search_capacity(cells: list[dict]) -> Capacity | None:
+    """The configuration's ``Capacity`` from its search (None: not a search)."""
+    found = search_result(cells)
+    if found is None:
+        return None
+    status = {"bracketed": "interpolated", "indeterminate": "interpolated"}.get(
+        found.status, found.status)
+    rates = [p.rate for p in found.probes if p.rate is not None and p.ok]
+    n = max((c.get("metrics") or {}).get("num_requests") or 0 for c in cells)
+    note = ""
+    if found.status == "indeterminate":
+        note = (f"indeterminate at this power: an attainment of {found.attainment:g} needs "
+                f"about {requests_to_resolve(found.attainment)} requests a level, "
+                f"{n} ran")
+    return Capacity(found.capacity, status, "poisson", min(rates, default=None),
+                    max(rates, default=None), found.bracket, note=note)
+
+
+def knee_text(cells: list[dict]) -> str | None:
+    found = search_result(cells)
+    knee = found.knee if found else None
+    if not knee:
+        return None
+    return (f"throughput reaches {knee['share']:.0%} of its peak "
+            f"({knee['peak_tok_s']:.0f} tok/s) at {knee['concurrency']:.1f} sequences")
