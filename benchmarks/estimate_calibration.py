@@ -6,16 +6,19 @@ load, and the constants are ratios to the rates).
 In a child process with the bench cells' OpenMP wait policy (``--wait-policy``), on the
 embedded SmolLM2-135M in the profile's ``auto`` dtype:
 
+Every timing below and the decode-step proxy (``kvmap.hardware.threads``' own code,
+in process) run round-robin, ``--repeat`` rounds, each keeping its median: a burst of
+other load falls on one round of every measurement, and the proxy's median is the
+``reference_step_s`` the constants belong to (a run scales its estimate by its own
+proxy over this one).
+
 - prefill: one request of P prompt tokens and one output token, P in --prefill; fitted
   ``t = P x a + P^2/2 x b + chunks x overhead`` -> ``e_prefill``, ``e_attn``;
-- decode: B requests of P prompt tokens and 32 output tokens (EOS ignored) started
+- decode: B requests of P prompt tokens and 16 output tokens (EOS ignored) started
   together; the step time is the median gap between tokens while all B decode. Fitted
   per codec ``step = s0 + B x c + B x context x k`` over B in --batches and two prompt
   lengths -> the step overhead (``s0`` less the weights' read time), ``e_batch``,
   ``e_kv[codec]``;
-- the decode-step proxy (``kvmap.hardware.threads.step_time_s``) before and after: how
-  fast the machine ran meanwhile (``reference_step_s``; a run's estimate scales by the
-  proxy measured at its start over this);
 - fixed costs: a fresh interpreter importing what a cell imports (``start_s``), the
   weights read from the cache (``load_bytes_per_s``), an engine built on loaded weights
   (``build_bytes_per_s``), the checklist probes (``probes_measured_s``, for reference:
@@ -44,43 +47,51 @@ CHILD = r"""
 import json, statistics, sys, time
 import numpy as np, torch
 from kvmap import LLM, SamplingParams
+from kvmap.hardware.threads import _PROXY
 from kvmap.model.loader import load_model
 cfg = json.loads(sys.argv[1])
-out = {"prefill": [], "decode": [], "fixed": {}}
-t = time.perf_counter(); loaded = load_model(None, getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[cfg["dtype"]]))
+out = {"prefill": [], "decode": [], "fixed": {}, "proxy_s": []}
+t = time.perf_counter(); load_model(None, getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[cfg["dtype"]]))
 out["fixed"]["load_s"] = time.perf_counter() - t
+proxy_src = _PROXY.split("step()\nbest")[0]          # the proxy's setup and step()
+sys.argv = [sys.argv[0], str(torch.get_num_threads()), "4"]
+space = {}
+exec(proxy_src, space)
+def proxy():
+    t = time.perf_counter(); space["step"](); space["step"](); return (time.perf_counter() - t) / 2
 rng = np.random.default_rng(0)
 def prompts(n, p):
     return [rng.integers(100, 40000, p).tolist() for _ in range(n)]
-def llm_for(kv):
-    t = time.perf_counter()
-    llm = LLM(dtype=cfg["dtype"], kv=kv, kv_memory="512MiB", max_num_seqs=64, max_num_batched_tokens=512)
-    return llm, time.perf_counter() - t
-llm, build = llm_for(cfg["dtype"])
-out["fixed"]["build_s"] = build
-llm.generate(prompts(1, 64), SamplingParams(max_tokens=4, ignore_eos=True))   # warm-up
-for p in cfg["prefill"]:
-    ts = []
-    for _ in range(cfg["repeat"]):
-        ids = prompts(1, p)
-        t = time.perf_counter(); llm.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-        ts.append(time.perf_counter() - t)
-    out["prefill"].append({"tokens": p, "s": statistics.median(ts)})
+llms = {}
 for kv in cfg["codecs"]:
-    llm, _ = llm_for(kv)
-    llm.generate(prompts(2, 64), SamplingParams(max_tokens=4, ignore_eos=True))
-    for p in cfg["contexts"]:
-        for b in cfg["batches"]:
-            gaps = []
-            for _ in range(cfg["repeat"]):
-                outs = llm.generate(prompts(b, p), SamplingParams(max_tokens=33, ignore_eos=True))
-                # steps while all b decode: the last request's gaps (prefilled last)
-                mine = outs[-1].metrics.token_times_s
-                g = [y - x for x, y in zip(mine[1:], mine[2:])]
-                gaps.append(statistics.median(g))
-            out["decode"].append({"kv": kv, "batch": b, "context": p + 17, "step_s": statistics.median(gaps)})
-from kvmap.bench.probes import run_probes, stability, decode_ops
-t = time.perf_counter(); run_probes(llm, 0); out["fixed"]["probes_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    llms[kv] = LLM(dtype=cfg["dtype"], kv=kv, kv_memory="512MiB", max_num_seqs=64, max_num_batched_tokens=512)
+    out["fixed"].setdefault("build_s", time.perf_counter() - t)
+    llms[kv].generate(prompts(2, 64), SamplingParams(max_tokens=4, ignore_eos=True))
+base = llms[cfg["dtype"]]
+def prefill(p):
+    ids = prompts(1, p)
+    t = time.perf_counter(); base.generate(ids, SamplingParams(max_tokens=1, ignore_eos=True))
+    return time.perf_counter() - t
+def decode(kv, b, p):
+    outs = llms[kv].generate(prompts(b, p), SamplingParams(max_tokens=17, ignore_eos=True))
+    mine = outs[-1].metrics.token_times_s           # the last prefilled: all b decode
+    return statistics.median(y - x for x, y in zip(mine[1:], mine[2:]))
+tasks = [("prefill", p) for p in cfg["prefill"]] + [
+    ("decode", kv, b, p) for kv in cfg["codecs"] for p in cfg["contexts"] for b in cfg["batches"]]
+times = {task: [] for task in tasks}
+for _ in range(cfg["repeat"]):                        # round-robin: load falls on all alike
+    for task in tasks:
+        out["proxy_s"].append(proxy())
+        times[task].append(prefill(task[1]) if task[0] == "prefill" else decode(*task[1:]))
+for task, ts in times.items():
+    if task[0] == "prefill":
+        out["prefill"].append({"tokens": task[1], "s": statistics.median(ts)})
+    else:
+        out["decode"].append({"kv": task[1], "batch": task[2], "context": task[3] + 9,
+                              "step_s": statistics.median(ts)})
+from kvmap.bench.probes import run_probes
+t = time.perf_counter(); run_probes(base, 0); out["fixed"]["probes_s"] = time.perf_counter() - t
 print(json.dumps(out))
 """
 
@@ -102,12 +113,12 @@ def _mean(xs) -> float:
 def fit(measured: dict, rates: dict, dtype: str, cpu_model: str) -> dict:
     """The ``Calibration`` fields from the child's timings and the profile's rates.
 
-    Robust to a busy machine rather than exact: prefill is a least-squares fit of two
-    terms; a decode step is read at batch 1 and at the largest batch, each averaged over
-    the contexts. The per-sequence cost splits into its linear part and its attention
-    part by taking decode attention per (query, cached key) pair at twice prefill's
-    (it reads the cache from blocks); each codec's own cost is the factor on the step
-    overhead that its batch-1 step needs (a quantized cache adds operators a step)."""
+    Prefill is a least-squares fit of its two terms; the base cache's decode steps of
+    ``s0 + B x c + B x context x k``; each other codec's factor on the whole decode time
+    is the median ratio of its steps to the base cache's at the same batch and context
+    (the timings ran round-robin, so the ratios hold when the load drifted)."""
+    import statistics
+
     from kvmap.bench.estimate import ModelCost
     from kvmap.model.loader import model_config_of
     config = model_config_of(None, dtype)
@@ -115,36 +126,32 @@ def fit(measured: dict, rates: dict, dtype: str, cpu_model: str) -> dict:
     flops = rates["matmul_flops"][dtype]["prefill"]
     bw = rates["read_bandwidth_bytes_per_s"]
     pre = measured["prefill"]
-    a, b = _lstsq([[p["tokens"], p["tokens"] ** 2 / 2] for p in pre], [p["s"] for p in pre])
-    k = 2 * b
-    steps: dict[str, dict[int, float]] = {}
-    contexts = []
-    for d in measured["decode"]:
-        steps.setdefault(d["kv"], {}).setdefault(d["batch"], []).append(d["step_s"])
-        contexts.append(d["context"])
-    ctx = _mean(contexts)
-    base = {batch: _mean(v) for batch, v in steps[dtype].items()}
-    b1, bn = min(base), max(base)
-    per_seq = max((base[bn] - base[b1]) / (bn - b1), 1e-6)
-    c = max(per_seq - k * ctx, 0.1 * per_seq)
-    s0 = base[b1] - b1 * (c + k * ctx)
-    overhead = max(s0 - cost.weight_bytes / bw, 0.1 * s0)
+    a, b = (max(x, 1e-9) for x in _lstsq([[p["tokens"], p["tokens"] ** 2 / 2] for p in pre],
+                                          [p["s"] for p in pre]))
+    base = {(d["batch"], d["context"]): d["step_s"] for d in measured["decode"]
+            if d["kv"] == dtype}
+    s0, c, k = (max(x, 1e-9) for x in _lstsq([[1.0, bt, bt * ctx] for bt, ctx in base],
+                                              list(base.values())))
+    # a batch-1 step is the weights streamed plus the operators' dispatch; where the
+    # read probe's bandwidth leaves no room for the dispatch, the stream ran faster than
+    # the probe (e_stream > 1) and the dispatch keeps a tenth of the step
+    e_stream = max(1.0, cost.weight_bytes / bw / (0.9 * s0))
+    overhead = s0 - cost.weight_bytes / (bw * e_stream)
     factors = {"fp": 1.0}
-    for kv, by_batch in steps.items():
-        if kv != dtype:
-            s_kv = _mean(by_batch[min(by_batch)]) - min(by_batch) * (c + k * ctx)
-            factors[kv] = max(0.5, (s_kv - cost.weight_bytes / bw) / overhead)
+    for kv in sorted({d["kv"] for d in measured["decode"]} - {dtype}):
+        factors[kv] = statistics.median(d["step_s"] / base[d["batch"], d["context"]]
+                                        for d in measured["decode"] if d["kv"] == kv)
     fixed = measured["fixed"]
     return {"e_prefill": cost.prefill_flop / (flops * a),
             "e_attn": cost.attn_flop_per_pair / (flops * b),
             "e_batch": cost.decode_flop / (flops * c),
             "e_kv": cost.attn_flop_per_pair / (flops * k),
-            "step_overhead_s_per_layer": overhead / cost.num_layers,
-            "step_factor": factors,
+            "e_stream": e_stream, "step_overhead_s_per_layer": overhead / cost.num_layers,
+            "decode_factor": factors,
             "load_bytes_per_s": cost.weight_bytes / fixed["load_s"],
             "build_bytes_per_s": cost.weight_bytes / fixed["build_s"],
             "start_s": measured["start_s"],
-            "reference_step_s": _mean(measured["step_proxy_s"]),
+            "reference_step_s": sorted(measured["proxy_s"])[len(measured["proxy_s"]) // 2],
             "reference_cpu": cpu_model,
             "reference_fp32_flops": rates["matmul_flops"]["fp32"]["prefill"],
             "reference_bandwidth": bw,
@@ -162,7 +169,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="128,512")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--codecs", default="int8,int4")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     if args.refit:
         record = json.loads(open(args.refit).read())
@@ -180,8 +187,6 @@ def main() -> None:
               "wait_policy": args.wait_policy}
     env = {**os.environ, "OMP_WAIT_POLICY": args.wait_policy}
     load_start = os.getloadavg()[0]
-    from kvmap.hardware.threads import step_time_s
-    proxy = [step_time_s(args.wait_policy)]
     starts = []
     for _ in range(3):
         t = time.perf_counter()
@@ -191,8 +196,6 @@ def main() -> None:
                           check=True, capture_output=True, text=True)
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     measured["start_s"] = sorted(starts)[1]
-    proxy.append(step_time_s(args.wait_policy))
-    measured["step_proxy_s"] = proxy
     # the rates now, beside the timings (the cached profile was taken under another load)
     from kvmap.hardware.probes import measure_rates
     rates = measure_rates(hw)

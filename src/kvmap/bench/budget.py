@@ -4,16 +4,17 @@
 
 What is sizeable, each from its written value down to a stated minimum (``minimum_of``):
 
-- requests per load level of a workload: never below 8, below a closed loop's
-  concurrency (the level would not be what its label says), or below 1.25x the
-  requests the pool holds at any configuration whose pool binds at the written size (a
-  memory-bound comparison stays memory-bound);
+- requests per load level of a workload: never below 8 (or the written value, if less),
+  below a closed loop's concurrency (the level would not be what its label says), or
+  below 1.25x the requests the pool holds at the densest configuration whose pool binds
+  at the written size (a memory-bound comparison stays memory-bound: the baseline's
+  pool stays full, and a denser codec shows what it holds more);
 - accuracy samples of a task (``num_samples``): never below ``MIN_SAMPLES`` (ppl: 4
   windows; passkey / needle: 1 per context x depth cell of the grid; chat_generation:
   8 prompts; any other: 4). A task's value is one for all its configurations: every
   configuration gets the same samples (paired);
 - an ``arrival: auto`` search's requests per probe (``capacity_search``): never below 16,
-  nor below 1.25x what the pool holds where it binds in the saturated run.
+  nor below 1.25x what the densest configuration's pool holds in the saturated run.
 
 One scale s in [0, 1] moves every knob at once, ``value = max(minimum, round(written x s))``,
 and s is bisected to the largest value whose estimate fits the budget. Before any cell:
@@ -77,7 +78,7 @@ class Knob:
 class BudgetPlan:
     budget_s: float
     written_estimate_s: float
-    minimum_estimate_s: float
+    minimum_estimate_s: float | None     # None: not sized (--no-sizing)
     estimate_s: float            # of what will run
     scale: float
     cuts: tuple[tuple[Knob, int], ...] = ()          # (knob, value) where value < written
@@ -90,9 +91,10 @@ class BudgetPlan:
 
     def lines(self) -> list[str]:
         from kvmap.bench.runner import _fmt_s
+        least = "" if self.minimum_estimate_s is None else \
+            f", at the minimum {_fmt_s(self.minimum_estimate_s)}"
         head = (f"budget {_fmt_s(self.budget_s)}: estimate {_fmt_s(self.estimate_s)} "
-                f"(as written {_fmt_s(self.written_estimate_s)}, at the minimum "
-                f"{_fmt_s(self.minimum_estimate_s)})")
+                f"(as written {_fmt_s(self.written_estimate_s)}{least})")
         out = [head] + [f"  cut {k.name} {k.key} {k.written} -> {v} (minimum {k.minimum}: "
                         f"{k.why_minimum})" for k, v in self.cuts]
         out += [f"  left out {cid}: {why}" for cid, why in self.left_out]
@@ -104,7 +106,8 @@ class BudgetPlan:
     def to_dict(self) -> dict:
         return {"budget_s": self.budget_s, "estimate_s": round(self.estimate_s, 1),
                 "written_estimate_s": round(self.written_estimate_s, 1),
-                "minimum_estimate_s": round(self.minimum_estimate_s, 1),
+                "minimum_estimate_s": None if self.minimum_estimate_s is None
+                else round(self.minimum_estimate_s, 1),
                 "scale": round(self.scale, 4),
                 "cuts": [{"kind": k.kind, "name": k.name, "key": k.key,
                           "written": k.written, "value": v, "minimum": k.minimum,
@@ -135,9 +138,9 @@ def knobs(scenario: Scenario, pool_requests: Callable) -> list[Knob]:
         elif concurrency is not None and concurrency > floor:
             floor, why = concurrency, f"closed:{concurrency} keeps {concurrency} in flight"
         bound = [c for c in pool_requests(w) if c < min(n, concurrency or n)]
-        if bound and math.ceil(POOL_MARGIN * max(bound)) > floor:
-            floor = math.ceil(POOL_MARGIN * max(bound))
-            why = f"the pool binds: {POOL_MARGIN}x the {max(bound):.0f} requests it holds"
+        if bound and math.ceil(POOL_MARGIN * min(bound)) > floor:
+            floor = math.ceil(POOL_MARGIN * min(bound))
+            why = f"the pool binds: {POOL_MARGIN}x the {min(bound):.0f} requests it holds"
         out.append(Knob("workload", f"{_level_name(w)}#{i}", "num_requests", n, min(n, floor),
                         why))
     for i, t in enumerate(scenario.tasks):
@@ -212,7 +215,7 @@ def size_to_budget(scenario: Scenario, budget_s: float,
 
 def check_only(scenario: Scenario, budget_s: float, est) -> BudgetPlan:
     """The plan of a scenario run as written (``--no-sizing``): nothing cut."""
-    return BudgetPlan(budget_s, est.seconds, est.seconds, est.seconds, 1.0, scenario=scenario)
+    return BudgetPlan(budget_s, est.seconds, None, est.seconds, 1.0, scenario=scenario)
 
 
 def _refusal(budget_s: float, minimum) -> str:

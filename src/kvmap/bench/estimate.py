@@ -8,13 +8,13 @@ roofline with constants calibrated on measured cells (``Calibration``; how: docs
 
     prefill  = tokens x FLOP/token / (R x e_prefill) + pairs x attention FLOP/pair / (R x e_attn)
                + chunks x step overhead
-    decode   = steps x (weights / bandwidth + step overhead x f[codec])
-               + tokens x FLOP/token / (R x e_batch) + pairs x attention FLOP/pair / (R x e_kv)
+    decode   = f[codec] x (steps x (weights / (bandwidth x e_stream) + step overhead)
+               + tokens x FLOP/token / (R x e_batch) + pairs x attention FLOP/pair / (R x e_kv))
     fixed    = start (a fresh process, or a fork of a warm worker) + engine build per pass
                + the checklist probes (once per configuration)
 
-(f[codec]: a quantized cache adds operators to every step -- its dequantization -- which
-costs per step more than per cached token on a CPU.) R is the profile's rate, so a
+(f[codec]: what a quantized cache's quantize and dequantize operators add to a decode
+step, measured against the compute dtype's cache.) R is the profile's rate, so a
 machine whose products run twice as fast is estimated twice as fast; the overheads
 (Python, operator dispatch) scale by the ratio of its fp32 rate to the calibration
 machine's. On the calibration machine's own CPU the calibration's rates are used (the
@@ -44,26 +44,27 @@ class Calibration:
     Fitted by ``benchmarks/estimate_calibration.py`` on the calibration machine (its fp32
     prefill rate is ``reference_fp32_flops``); the record it wrote is ``source``."""
 
-    e_prefill: float = 1.64          # linear layers of a prefill chunk
-    e_attn: float = 0.37             # prefill attention (causal, unfused)
-    e_batch: float = 1.07            # the batch's linear FLOPs in a decode step
-    e_kv: float = 0.19               # decode attention over the cache
-    step_overhead_s_per_layer: float = 0.0029   # dispatch of one layer's operators, a step
-    step_factor: tuple = (("fp", 1.0), ("int8", 2.03), ("int4", 1.24), ("other", 2.0))
-    start_s: float = 3.06            # a fresh cell process: interpreter, torch, kvmap imports
+    e_prefill: float = 1.13          # linear layers of a prefill chunk
+    e_attn: float = 0.79             # prefill attention (causal, unfused)
+    e_batch: float = 1.02            # the batch's linear FLOPs in a decode step
+    e_kv: float = 0.032              # decode attention over the cache (paged reads)
+    e_stream: float = 1.37           # weights streamed in a decode step, over the read probe
+    step_overhead_s_per_layer: float = 0.00032  # dispatch of one layer's operators, a step
+    decode_factor: tuple = (("fp", 1.0), ("int8", 1.10), ("int4", 1.31), ("other", 1.2))
+    start_s: float = 4.39            # a fresh cell process: interpreter, torch, kvmap imports
     fork_s: float = 0.3              # a cell forked from a warm worker
-    build_bytes_per_s: float = 5.1e8  # engine build per pass (weights packed, pool allocated)
-    load_bytes_per_s: float = 4.2e9  # weights read from the cache (a fresh process only)
-    probes_s: float = 4.0            # the checklist probes' fixed part (the profiler's start)
+    build_bytes_per_s: float = 4.5e8  # engine build per pass (weights packed, pool allocated)
+    load_bytes_per_s: float = 2.6e9  # weights read from the cache (a fresh process only)
+    probes_s: float = 9.0            # the probes measured 15.7 s, less their own compute
     run_s: float = 15.0              # once per run: thread-policy probe, report, summary
     reference_cpu: str = "Intel(R) Xeon(R) Processor @ 2.80GHz"
-    reference_fp32_flops: float = 3.13e10      # the cached profile's, when fitted
-    reference_bandwidth: float = 3.15e9
-    reference_step_s: float = 0.043  # the decode-step proxy meanwhile (wait policy PASSIVE)
-    source: str = "benchmarks/results/estimate_calibration-20261203-231740.json"
+    reference_fp32_flops: float = 5.56e10      # measured with the timings
+    reference_bandwidth: float = 4.55e9
+    reference_step_s: float = 0.0464  # the decode-step proxy meanwhile (wait policy PASSIVE)
+    source: str = "benchmarks/results/estimate_calibration-20261203-234152.json"
 
-    def step_factor_of(self, codec: str) -> float:
-        table = dict(self.step_factor)
+    def decode_factor_of(self, codec: str) -> float:
+        table = dict(self.decode_factor)
         family = "fp" if codec in ("fp32", "bf16", "fp16") else codec
         return table.get(family, table["other"])
 
@@ -153,10 +154,11 @@ def seconds_of(work: Work, cost: ModelCost, rates: Rates, codec: str, chunk_toke
     prefill = (work.prefill_tokens * cost.prefill_flop / (rates.flops * cal.e_prefill)
                + work.prefill_pairs * cost.attn_flop_per_pair / (rates.flops * cal.e_attn)
                + chunks * overhead)
-    decode = (work.decode_steps * (cost.weight_bytes / rates.read_bytes_per_s
-                                   + overhead * cal.step_factor_of(codec))
-              + work.decode_tokens * cost.decode_flop / (rates.flops * cal.e_batch)
-              + work.decode_pairs * cost.attn_flop_per_pair / (rates.flops * cal.e_kv))
+    decode = cal.decode_factor_of(codec) * (
+        work.decode_steps * (cost.weight_bytes / (rates.read_bytes_per_s * cal.e_stream)
+                             + overhead)
+        + work.decode_tokens * cost.decode_flop / (rates.flops * cal.e_batch)
+        + work.decode_pairs * cost.attn_flop_per_pair / (rates.flops * cal.e_kv))
     return prefill * work.passes, decode * work.passes
 
 
