@@ -97,6 +97,9 @@ def power_lines(configs: list[ConfigSummary], metadata: dict | None = None) -> l
         out.append("power (interval widths, 95%):")
         for f in fs:
             n = f" (n={f.num_samples})" if f.num_samples else ""
+            if f.num_samples is not None and f.num_samples < 2:
+                out.append(f"  {f.config}: {f.figure} {f.value:.3g}: one sample, no interval")
+                continue
             out.append(f"  {f.config}: {f.figure} {f.value:.3g} [{f.interval[0]:.3g}, "
                        f"{f.interval[1]:.3g}] width {f.width:.3g}{n}")
     pairs = indistinguishable(configs)
