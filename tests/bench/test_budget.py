@@ -154,3 +154,13 @@ def test_cli_dry_run_prints_the_estimate_only(tmp_path):
     assert "total" in result.output and "budget 2h" not in result.output
     assert "budget 120m00s" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_keeps_its_stored_sizes(scenario):
+    from kvmap.bench.budget import replay
+    estimate, pools = _sizing(scenario)
+    written = estimate(scenario).seconds
+    plan = size_to_budget(scenario, 0.8 * written, estimate, pools)
+    again = replay(scenario, plan.to_dict(), estimate, pools)
+    assert again.scenario.fingerprint() == plan.scenario.fingerprint()
+    assert [v for _, v in again.cuts] == [v for _, v in plan.cuts]

@@ -61,9 +61,9 @@ def test_kept_weights_are_handed_out_fresh():
     import torch
 
     from kvmap.model import preload
-    from kvmap.model.loader import load_model
+    from kvmap.model.loader import load_model, preload_model
     try:
-        kept = preload.preload("dummy:tiny", "fp32")
+        kept = preload_model("dummy:tiny", "fp32")
         first = load_model("dummy:tiny", torch.float32)
         first.weights.clear()                        # the engine empties its copy
         second = load_model("dummy:tiny", torch.float32)

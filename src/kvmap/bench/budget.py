@@ -226,3 +226,19 @@ def _refusal(budget_s: float, minimum) -> str:
             f"the minimum is estimated at {_fmt_s(minimum.seconds)} on this machine. "
             f"Drop configurations or jobs (most costly at their minimum: {costly}), or "
             f"give --budget {_fmt_s(math.ceil(minimum.seconds / 60) * 60)} or more")
+
+
+def replay(scenario: Scenario, stored: dict, estimate: Callable[[Scenario], object],
+           pool_requests: Callable) -> BudgetPlan:
+    """The plan a run was sized with (``BudgetPlan.to_dict``), applied again: a resumed
+    run keeps its sizes and what it left out, whatever the machine's speed is now."""
+    by_name = {(k.name, k.key): k for k in knobs(scenario, pool_requests)}
+    values = {by_name[c["name"], c["key"]]: c["value"] for c in stored.get("cuts") or []
+              if (c["name"], c["key"]) in by_name}
+    sized = apply(scenario, values)
+    est = estimate(sized)
+    return BudgetPlan(stored["budget_s"], stored["written_estimate_s"],
+                      stored.get("minimum_estimate_s"), est.seconds, stored.get("scale", 1.0),
+                      tuple(values.items()),
+                      tuple((x["cell_id"], x["reason"]) for x in stored.get("left_out") or []),
+                      sized)

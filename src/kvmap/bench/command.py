@@ -58,8 +58,6 @@ def bench(
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
     from kvmap.bench.scenario import load_scenario
-    from kvmap.bench.summary import cell_rows, summary_table
-
     from rich.markup import escape
 
     from kvmap.kv.redact import redact_spec
@@ -71,15 +69,8 @@ def bench(
         raise typer.Exit(code=2) from None
     for note in parsed.notes:
         err.print(f"note: {escape(redact_spec(note))}")
-    from kvmap.bench.preflight import preflight
-    try:
-        plan = preflight(parsed, budget, sizing=not no_sizing,
-                         warm=backend == "local" and not address)
-    except ValueError as e:         # a bad --budget, or a budget below the minimum
-        typer.echo(f"error: {redact_spec(str(e))}", err=True)
-        raise typer.Exit(code=2) from None
-    for line in plan.lines():
-        err.print(escape(redact_spec(line)))
+    plan = _preflight(parsed, budget, no_sizing, backend == "local" and not address, out,
+                      err)
     if dry_run:
         return
     parsed = plan.scenario
@@ -102,31 +93,60 @@ def bench(
     except KeyboardInterrupt:
         err.print(escape(f"\ninterrupted; resume with: kvmap bench "
                   f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"
+                  f"{' --budget ' + budget if budget else ''}{' --no-sizing' if no_sizing else ''}"
                   f"{' --backend ' + backend if backend != 'local' else ''}"
                   f"{' --address ' + address if address else ''}"))
         raise typer.Exit(code=130) from None
     analysis, report_path = _tradeoff_map(result.run_dir, err)
+    _print_result(result, analysis, report_path, as_json, parsed.name)
+    if result.num_failed or analysis is None:
+        raise typer.Exit(code=1)
+
+
+def _print_result(result, analysis, report_path, as_json: bool, name: str) -> None:
+    """The run's JSON (``--json``), or its summary table and trade-off map in the terminal."""
+    from kvmap.bench.summary import cell_rows, summary_table
     if as_json:
         typer.echo(json.dumps({"run_dir": str(result.run_dir),
                                "report": str(report_path) if report_path else None,
                                "recommendation": analysis.recommendation.to_dict()
                                if analysis else None,
                                "cells": cell_rows(result.cells)}, default=str))
-    else:
-        out_console = Console()
-        if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
-            out_console = Console(width=200)
-        out_console.print(summary_table(result.cells, title=f"kvmap bench: {parsed.name}"))
-        if analysis is not None:
-            from kvmap.report.terminal import summary
-            out_console.print(summary(analysis))
-        typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
-                   f"{result.num_skipped} resumed, {result.num_failed} failed, "
-                   f"{result.duration_s:.0f} s)")
-        if report_path is not None:
-            typer.echo(f"trade-off map: {report_path}")
-    if result.num_failed or analysis is None:
-        raise typer.Exit(code=1)
+        return
+    out_console = Console()
+    if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
+        out_console = Console(width=200)
+    out_console.print(summary_table(result.cells, title=f"kvmap bench: {name}"))
+    if analysis is not None:
+        from kvmap.report.terminal import summary
+        out_console.print(summary(analysis))
+    typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
+               f"{result.num_skipped} resumed, {result.num_failed} failed, "
+               f"{result.duration_s:.0f} s)")
+    if report_path is not None:
+        typer.echo(f"trade-off map: {report_path}")
+
+
+def _preflight(parsed, budget: str | None, no_sizing: bool, warm: bool, out: Path | None,
+               err: Console):
+    """The estimate and the budget's plan (``bench.preflight``), printed; exit 2 for a bad
+    ``--budget`` or one below the minimum. Resuming ``out``, the stored plan's sizes are
+    kept (a new proxy would size the scenario anew and the run would not resume)."""
+    from rich.markup import escape
+
+    from kvmap.bench.preflight import preflight
+    from kvmap.kv.redact import redact_spec
+    stored = None
+    if out is not None and (out / "run.json").is_file():
+        stored = (json.loads((out / "run.json").read_text()).get("preflight") or {}).get("budget")
+    try:
+        plan = preflight(parsed, budget, sizing=not no_sizing, warm=warm, stored=stored)
+    except ValueError as e:         # a bad --budget, or a budget below the minimum
+        typer.echo(f"error: {redact_spec(str(e))}", err=True)
+        raise typer.Exit(code=2) from None
+    for line in plan.lines():
+        err.print(escape(redact_spec(line)))
+    return plan
 
 
 def _tradeoff_map(run_dir: Path, err: Console):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmap.bench.budget import BudgetPlan, check_only, parse_duration, size_to_budget
+from kvmap.bench.budget import (BudgetPlan, check_only, parse_duration, replay,
+                                size_to_budget)
 from kvmap.bench.cellspec import Scenario
 from kvmap.bench.estimate import (Estimator, RunEstimate, current_slowdown, estimate_run,
                                   machine_rates)
@@ -53,9 +54,10 @@ def budget_of(scenario: Scenario, given: str | None) -> float | None:
 
 
 def preflight(scenario: Scenario, budget: str | None = None, sizing: bool = True,
-              warm: bool = True) -> Preflight:
+              warm: bool = True, stored: dict | None = None) -> Preflight:
     """Estimate and size ``scenario`` (module docstring); ``BudgetError`` when its
-    minimum does not fit the budget, ValueError for a bad budget."""
+    minimum does not fit the budget, ValueError for a bad budget. ``stored``: the plan of
+    the run being resumed (``BudgetPlan.to_dict``), whose sizes are kept."""
     import os
 
     from kvmap.hardware.threads import choose
@@ -70,8 +72,11 @@ def preflight(scenario: Scenario, budget: str | None = None, sizing: bool = True
 
     written = estimate(scenario)
     plan = None
-    if budget_s is not None:
-        cells = scenario.cells() + scenario.searches()
+    cells = scenario.cells() + scenario.searches()
+    if stored is not None:
+        plan = replay(scenario, stored, estimate, lambda w: est.pool_requests(cells, w))
+        scenario = plan.scenario
+    elif budget_s is not None:
         plan = size_to_budget(scenario, budget_s, estimate,
                               lambda w: est.pool_requests(cells, w)) if sizing \
             else check_only(scenario, budget_s, written)

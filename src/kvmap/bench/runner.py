@@ -175,11 +175,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     stored = {c["cell_id"]: c for c in store.cells()}
     skip = {cid for cid, c in stored.items() if c["status"] == "ok" or not retry_failed}
-    eta = _Eta(cells, backend.parallelism, estimate)
+    eta = _Eta([c for c in cells if c.cell_id not in skip], backend.parallelism, estimate)
     total = len(cells) + getattr(backend, "max_extra_cells", 0)    # a search: at most
-    for cell in cells:
-        if cell.cell_id in skip:
-            eta.skipped(cell)
     todo = [(i, c) for i, c in enumerate(cells) if c.cell_id not in skip]
     if resumed:
         console.print(f"resuming {escape(str(run_dir))}: {len(cells) - len(todo)} of {len(cells)} cells "

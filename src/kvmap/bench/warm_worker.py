@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     import kvmap.workloads  # noqa: F401
     t1 = time.perf_counter()
     try:
-        from kvmap.model.preload import preload
-        preload(model, dtype, device)
+        from kvmap.model.loader import preload_model
+        preload_model(model, dtype, device)
     except Exception as e:  # noqa: BLE001 -- the runner runs this model's cells cold
         _emit({"event": "error", "error": f"{type(e).__name__}: {e}"})
         return 1

@@ -107,6 +107,16 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     return loaded
 
 
+def preload_model(model: str | None, dtype: torch.dtype | str,
+                  device: torch.device | str = "cpu") -> LoadedModel:
+    """Load ``model``'s weights once and keep them in this process (``preload.py``): a
+    later ``load_model`` with the same model, dtype and device gets them without a read."""
+    from kvmap.model.preload import keep
+    loaded = _load(model, resolve_dtype(dtype), device, True, None, 0)
+    keep(model, resolve_dtype(dtype), device, loaded)
+    return loaded
+
+
 def _load(model, dtype, device, use_cache, num_layers, seed) -> LoadedModel:
     kind, path = resolve_model(model)
     if kind == "dummy":

@@ -1,6 +1,7 @@
 """Weights loaded once and kept in this process, for the processes forked from it.
 
-A bench warm worker (``kvmap.bench.warm_worker``) calls :func:`preload` once, then forks a
+A bench warm worker (``kvmap.bench.warm_worker``) calls ``loader.preload_model`` once
+(which loads them and :func:`keep` keeps them), then forks a
 child per cell; every ``load_model`` in a child with the same model, dtype and device gets
 the kept weights (read copy-on-write: the fork shares the pages until someone writes) in a
 fresh ``LoadedModel`` -- the engine takes the dict and sets ``loaded.weights = None``, and
@@ -21,14 +22,10 @@ def _key(model: str | None, dtype, device) -> tuple[str, str, str]:
     return (str(model or "").strip().lower(), str(dtype), str(device))
 
 
-def preload(model: str | None, dtype, device="cpu") -> object:
-    """Load ``model``'s weights (``kvmap.model.loader``'s default options) and keep them;
-    the ``LoadedModel``. Calling it again for the same arguments loads nothing."""
-    from kvmap.model.loader import _load, resolve_dtype
-    key = _key(model, resolve_dtype(dtype), device)
-    if key not in _KEPT:
-        _KEPT[key] = _load(model, resolve_dtype(dtype), device, True, None, 0)
-    return _KEPT[key]
+def keep(model: str | None, dtype, device, loaded) -> None:
+    """Keep ``loaded`` (a ``LoadedModel`` of the default load options) for later
+    ``load_model`` calls with these arguments (``kvmap.model.loader.preload_model``)."""
+    _KEPT[_key(model, dtype, device)] = loaded
 
 
 def kept(model: str | None, dtype, device) -> object | None:
