@@ -160,7 +160,9 @@ def test_a_resumed_run_keeps_its_stored_sizes(scenario):
     from kvmap.bench.budget import replay
     estimate, pools = _sizing(scenario)
     written = estimate(scenario).seconds
-    plan = size_to_budget(scenario, 0.8 * written, estimate, pools)
+    least = estimate(_at_minimum(scenario, pools)).seconds
+    plan = size_to_budget(scenario, (written + least) / 2, estimate, pools)
+    assert plan.cuts
     again = replay(scenario, plan.to_dict(), estimate, pools)
     assert again.scenario.fingerprint() == plan.scenario.fingerprint()
     assert [v for _, v in again.cuts] == [v for _, v in plan.cuts]
