@@ -13,7 +13,7 @@ What is sizeable, each from its written value down to a stated minimum (``minimu
   windows; passkey / needle: 1 per context x depth cell of the grid; chat_generation:
   8 prompts; any other: 4). A task's value is one for all its configurations: every
   configuration gets the same samples (paired);
-- an ``arrival: auto`` search's requests per probe (``capacity_search``): never below 16,
+- an ``arrival: auto`` search's requests per probe (``capacity_search``): never below 12,
   nor below 1.25x what the densest configuration's pool holds in the saturated run.
 
 One scale s in [0, 1] moves every knob at once, ``value = max(minimum, round(written x s))``,
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from kvmap.bench.cellspec import Scenario
 
 MIN_REQUESTS = 8
-MIN_SEARCH_REQUESTS = 16      # an attainment per probe needs requests
+MIN_SEARCH_REQUESTS = 12      # an attainment per probe needs requests
 POOL_MARGIN = 1.25
 MIN_SAMPLES = {"ppl": 4, "passkey": 1, "needle": 1, "chat_generation": 8}
 DEFAULT_MIN_SAMPLES = 4
@@ -141,6 +141,8 @@ def knobs(scenario: Scenario, pool_requests: Callable) -> list[Knob]:
         if bound and math.ceil(POOL_MARGIN * min(bound)) > floor:
             floor = math.ceil(POOL_MARGIN * min(bound))
             why = f"the pool binds: {POOL_MARGIN}x the {min(bound):.0f} requests it holds"
+        if n <= floor:
+            why = f"as written (below {why})"
         out.append(Knob("workload", f"{_level_name(w)}#{i}", "num_requests", n, min(n, floor),
                         why))
     for i, t in enumerate(scenario.tasks):
@@ -154,8 +156,9 @@ def knobs(scenario: Scenario, pool_requests: Callable) -> list[Knob]:
             continue
         floor = MIN_SAMPLES.get(t.task, DEFAULT_MIN_SAMPLES)
         grid = " per grid cell" if t.task in ("passkey", "needle") else ""
+        why = f"at least {floor} samples{grid}, the same for every configuration"
         out.append(Knob("task", f"{t.name}#{i}", "num_samples", n, min(n, floor),
-                        f"at least {floor} samples{grid}, the same for every configuration"))
+                        why if n > floor else f"as written (below {why})"))
     return out
 
 

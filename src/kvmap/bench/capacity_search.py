@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from kvmap.metrics import split_slo_key
 
 ROLES = ("serial", "saturated", "level", "bisect")
-SERIAL_REQUESTS = 6
+SERIAL_REQUESTS = 4
 Z95 = 1.959964
 
 
