@@ -274,6 +274,7 @@ class SearchResult:
     attainment: float
     probes: tuple[Probe, ...] = field(default=())
     knee: dict | None = None
+    sure: bool = True                 # the brackets' intervals clear the target
 
     def describe(self) -> str:
         if self.status == "unmeasured":
@@ -282,7 +283,8 @@ class SearchResult:
             low = min((p.rate for p in self.probes if p.rate), default=None)
             return f"below {low:g} req/s" if low else "below the lowest level"
         if self.status == "top":
-            return f">= {self.capacity:g} req/s (every level up to the peak passes)"
+            flag = "" if self.sure else ", indeterminate at this power"
+            return f">= {self.capacity:g} req/s (every level up to the peak passes{flag})"
         lo, hi = self.bracket
         flag = ", indeterminate at this power" if self.status == "indeterminate" else ""
         return f"{lo:g} req/s [{lo:g}, {hi:g}){flag}"
@@ -303,7 +305,7 @@ def result(probes: list[Probe], settings: SearchSettings) -> SearchResult:
         return SearchResult("below", None, None, **common)
     if not missing:
         top = max(passing, key=lambda p: p.rate)
-        return SearchResult("top", top.rate, None, **common)
+        return SearchResult("top", top.rate, None, **common, sure=top.verdict == "pass")
     hi = min(missing, key=lambda p: p.rate)
     below = [p for p in passing if p.rate < hi.rate]
     if not below:
@@ -311,7 +313,7 @@ def result(probes: list[Probe], settings: SearchSettings) -> SearchResult:
     lo = max(below, key=lambda p: p.rate)
     sure = all(p.verdict in ("pass", "fail") for p in (lo, hi) if p.ok)
     return SearchResult("bracketed" if sure else "indeterminate", lo.rate,
-                        (lo.rate, hi.rate), **common)
+                        (lo.rate, hi.rate), **common, sure=sure)
 
 
 def knee_of(probes: list[Probe], share: float = 0.9) -> dict | None:

@@ -53,7 +53,7 @@ def search_capacity(cells: list[dict]) -> Capacity | None:
     rates = [p.rate for p in found.probes if p.rate is not None and p.ok]
     n = max((c.get("metrics") or {}).get("num_requests") or 0 for c in cells)
     note = ""
-    if found.status == "indeterminate":
+    if not found.sure:
         note = (f"indeterminate at this power: an attainment of {found.attainment:g} needs "
                 f"about {requests_to_resolve(found.attainment)} requests a level, "
                 f"{n} ran")
@@ -61,10 +61,31 @@ def search_capacity(cells: list[dict]) -> Capacity | None:
                     max(rates, default=None), found.bracket, note=note)
 
 
-def knee_text(cells: list[dict]) -> str | None:
-    found = search_result(cells)
-    knee = found.knee if found else None
-    if not knee:
-        return None
-    return (f"throughput reaches {knee['share']:.0%} of its peak "
-            f"({knee['peak_tok_s']:.0f} tok/s) at {knee['concurrency']:.1f} sequences")
+def search_lines(run_dir) -> list[str]:
+    """Each search of a run (``searches.json``): its capacity, its probes with their
+    attainment intervals and verdicts, and the knee; [] for a run without searches."""
+    import json
+    from pathlib import Path
+    path = Path(run_dir) / "searches.json"
+    if not path.is_file():
+        return []
+    out = ["SLA capacity searches (arrival: auto):"]
+    for entry in json.loads(path.read_text()).values():
+        res = entry["result"]
+        name = entry["kv"] if not entry.get("quantization") else \
+            f"{entry['quantization']} weights + {entry['kv']}"
+        out.append(f"  {entry['model']}: {name} on {entry['workload']}: {res['describe']} "
+                   f"(attainment >= {res['attainment_target']:g}, tolerance "
+                   f"{res['tolerance']:g})")
+        for p in entry["probes"]:
+            share = "" if p["share"] is None else f" attainment {p['share']:.3f}"
+            ci = "" if not p["interval"] else f" [{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]"
+            tag = "over-saturated, stopped early" if p["over_saturated"] else \
+                p["verdict"] or p["status"]
+            out.append(f"    {p['role']:<9} {p['label']:<16}{share}{ci} {tag}")
+        knee = res.get("knee")
+        if knee:
+            out.append(f"    knee: throughput reaches {knee['share']:.0%} of its peak "
+                       f"({knee['peak_tok_s']:.0f} tok/s) at {knee['concurrency']:.1f} "
+                       "sequences")
+    return out

@@ -122,7 +122,8 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: dict, slo: dic
                swept: set[str], seed: int) -> dict[str, list[dict]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c["status"] == "ok"]
-    for c in sorted(ok, key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
+    # (a search's serial and saturated runs are its range, not levels: report/capacity.py)
+    for c in sorted(level_cells(ok), key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
         if c.get("workload"):          # a swept workload keeps its top level that ran
             s.workloads[c["workload"]] = c["metrics"]
             s.rows[c["workload"]] = rows_by_cell.get(c["cell_id"], [])
