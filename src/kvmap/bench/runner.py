@@ -75,10 +75,16 @@ class _Eta:
         self.parallelism = max(1, parallelism)
         self.durations: dict[str, list[float]] = {}
         self.estimate, self.ratio = estimate, [0.0, 0.0]      # actual, estimated
+        ids = {c.cell_id for c in cells}       # a search's probes, estimated at their most
+        self.extra = [e for e in (estimate.cells if estimate else ()) if e.cell_id not in ids]
 
     def finished(self, cell: CellSpec, duration_s: float) -> None:
-        if cell in self.remaining:         # a search's probe is not in the plan
+        if cell in self.remaining:
             self.remaining.remove(cell)
+        else:                              # a search's probe: one of its estimates is done
+            same = [e for e in self.extra if e.family == getattr(cell.workload, "name", None)]
+            if same:
+                self.extra.remove(next((e for e in same if e.cell_id == cell.cell_id), same[0]))
         self.durations.setdefault(cell.job, []).append(duration_s)
         est = self.estimate.of(cell.cell_id) if self.estimate is not None else None
         if est is not None:
@@ -104,6 +110,8 @@ class _Eta:
             guess = self._guess(cell) if not ds else None
             ds = ds or every
             total += guess if guess is not None else sum(ds) / len(ds) if ds else 0.0
+        scale = self.ratio[0] / self.ratio[1] if self.ratio[1] else 1.0
+        total += scale * sum(e.seconds for e in self.extra)
         return max(0.0, total / min(self.parallelism, max(1, len(self.remaining)))
                    - running_s)
 
@@ -223,7 +231,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
                 mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
                     record["status"], "[red]FAILED[/]")
-                remaining = f", ETA {_fmt_s(eta.seconds())}" if eta.remaining else ""
+                remaining = f", ETA {_fmt_s(eta.seconds())}" if eta.remaining or eta.extra else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an
                 # error message must not crash the run after the cell was stored
