@@ -42,7 +42,9 @@ class Calibration:
     """The estimator's constants (efficiencies are fractions of the profile's rate).
 
     Fitted by ``benchmarks/estimate_calibration.py`` on the calibration machine (its fp32
-    prefill rate is ``reference_fp32_flops``); the record it wrote is ``source``."""
+    prefill rate is ``reference_fp32_flops``): the values are ``--refit`` of the record
+    ``source`` by that script's fit; ``probes_s`` and ``run_s`` from the quick runs of
+    docs/bench.md ("The estimate")."""
 
     e_prefill: float = 1.13          # linear layers of a prefill chunk
     e_attn: float = 0.79             # prefill attention (causal, unfused)
