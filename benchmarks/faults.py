@@ -118,7 +118,7 @@ def shared_case(case: str, server: RedisServer) -> dict:
     num_tampered = (shared.poison(server, writer, known) if case == "poisoned" else
                     shared.garbage(server, writer) if case == "garbage" else 0)
     llm = make_tiny_llm(kv=shared.SPEC)
-    store = llm.engine.store
+    store = llm.engine.offload.store
     tier = store.levels[-1].tier
     blocked = Blocked(tier, ("get", "put", "discover"))
     if case == "paused":

@@ -18,8 +18,12 @@ import pytest
 
 from kvmap.runs.store import RunStore
 
+# the task outlasts the kill's random delay (up to 1 s): a cell forked from a warm worker
+# starts in a fraction of a second, and the kill must land while one runs
 TASKS_PY = '''
 def probe(llm, tokens=6):
+    import time
+    time.sleep(1.5)
     from kvmap import SamplingParams
     out = llm.generate([list(range(3, 3 + tokens))], SamplingParams(max_tokens=3))[0]
     return {"accuracy": sum(out.token_ids) % 7 / 7, "n": 1,

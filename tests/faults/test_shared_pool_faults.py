@@ -51,7 +51,7 @@ def run(prompts=PROMPTS):
     the content keys it knew before it closed)."""
     llm = make_tiny_llm(kv=SPEC)
     outs = llm.generate(prompts, PARAMS)
-    store = llm.engine.store
+    store = llm.engine.offload.store
     tier = store.levels[-1].tier
     tier.flush()                                  # its writes are in Redis now
     llm.engine.check_integrity()
@@ -129,7 +129,7 @@ def test_a_paused_shared_redis_loses_no_request(shared, reference):
     finally:
         shared.resume()
     assert [o.token_ids for o in outs] == reference
-    tier = llm.engine.store.levels[-1].tier
+    tier = llm.engine.offload.store.levels[-1].tier
     assert tier.stats.errors["timeout"] >= 1
     llm.engine.check_integrity()
     llm.engine.close()

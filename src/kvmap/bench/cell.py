@@ -73,9 +73,13 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     prompt_ids = [tokenizer.encode(r.prompt) if llm.tokenizer is None else llm.encode(r.prompt)
                   for r in requests]
     total = len(requests)
+    watch = None
+    if ((cell.workload.load or {}).get("search") or {}).get("role") in ("level", "bisect"):
+        from kvmap.bench.saturation import SaturationWatch
+        watch = SaturationWatch(total)       # a search's open-loop level may stop early
     with track_peak_kv_bytes(llm.engine) as peak, TimeSeriesSampler(llm.engine) as ts:
         outputs, errors, loop = drive(llm.engine, requests, prompt_ids, spec.concurrency,
-                                      lambda n: progress(n / total))
+                                      lambda n: progress(n / total), watch=watch)
     stats = llm.stats()
     rows = request_rows(cell, requests, outputs, errors, loop.start_s)
     metrics = aggregate(rows, loop.duration_s, cell.slo)
@@ -89,10 +93,16 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
         needle_accuracy=sum(judged) / len(judged) if judged else None,
         model_load_s=load_s, **tier_metrics(stats), **ts.summary(),
         timeseries=ts.columns())
+    if cell.slo:                 # the SLA capacity search reads its levels by this
+        from kvmap.runs.search import slo_attainment
+        metrics["slo_attainment"] = slo_attainment(rows, cell.slo)
+    if watch is not None and watch.stop:
+        metrics["stopped_early"] = watch.summary()
     # For the checklist (kvmap.bench.probes): output stability across batch compositions
     # and operator launches per decode step; after the workload, so they time nothing.
-    from kvmap.bench.probes import run_probes
-    metrics["probes"] = run_probes(llm, cell.seed)
+    if cell.run_probes:          # once per configuration (CellSpec.run_probes)
+        from kvmap.bench.probes import run_probes
+        metrics["probes"] = run_probes(llm, cell.seed)
     return metrics, rows
 
 

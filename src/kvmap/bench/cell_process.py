@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.log_pump import pump_lines
+from kvmap.kv.redact import redact_spec
 from kvmap.runs.record import CellRecord
 
 OOM_SCORE_ADJ = 1000   # the most likely victim of the OOM killer: the cell, not the runner
@@ -115,6 +116,58 @@ def sweep_after_kill(kv_spec: str) -> None:
         pass
 
 
+def write_cell_file(cell: CellSpec, work_dir: Path) -> tuple[Path, Path]:
+    """The cell's spec as JSON in ``work_dir`` (readable by us alone: a Redis URL may carry
+    a password) and the path its result will have: ``(cell_path, result_path)``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cell_path = work_dir / f"{cell.cell_id}.cell.json"
+    result_path = work_dir / f"{cell.cell_id}.out.json"
+    fd = os.open(cell_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(cell.to_dict()))
+    result_path.unlink(missing_ok=True)
+    return cell_path, result_path
+
+
+def route_line(line: str, log, on_fraction: Callable[[float], None]) -> bool:
+    """One line of a cell's output: a progress line to ``on_fraction`` (True), the rest to
+    ``log``, redacted (None: left to the caller, ``log_pump``; False)."""
+    if line.startswith(PROGRESS_PREFIX):
+        try:
+            on_fraction(json.loads(line[len(PROGRESS_PREFIX):])["fraction"])
+        except (ValueError, KeyError):
+            pass
+        return True
+    if log is not None:
+        log.write(redact_spec(line))
+        log.flush()
+    return False
+
+
+def collect_result(cell: CellSpec, paths: tuple[Path, Path], log_path: Path,
+                   returncode: int | None, timed_out: bool, duration_s: float,
+                   why: str | None = None) -> tuple[CellRecord, list[dict]]:
+    """``(record, rows)`` of a cell process that ended with ``returncode`` (or was killed
+    at its timeout): its result file, else a failed record with the tail of its log
+    (``why`` says what ended it when it is not an exit code)."""
+    cell_path, result_path = paths
+    cell_path.unlink(missing_ok=True)
+    if timed_out or returncode != 0:
+        sweep_after_kill(cell.kv)
+    if timed_out:
+        result_path.unlink(missing_ok=True)
+        return failed_record(cell, f"timed out after {cell.timeout_s:g} s (cell_timeout_s)",
+                             duration_s), []
+    if returncode == 0 and result_path.is_file():
+        result = json.loads(result_path.read_text())
+        result_path.unlink()
+        return CellRecord.from_dict(result["record"]), result["rows"]
+    tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:]).strip() \
+        if log_path.is_file() else ""
+    return failed_record(cell, f"{why or f'cell process exited with code {returncode}'}"
+                               f"{': ' + tail if tail else ''}", duration_s), []
+
+
 def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                         on_fraction: Callable[[float], None] = lambda f: None,
                         python: str = sys.executable) -> tuple[CellRecord, list[dict]]:
@@ -122,19 +175,12 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
 
     ``work_dir`` holds the cell's input and result files while it runs; the child's
     output (progress lines excepted) goes to ``log_path``."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    cell_path = work_dir / f"{cell.cell_id}.cell.json"
-    result_path = work_dir / f"{cell.cell_id}.out.json"
-    # the cell's own spec (a Redis URL may carry a password): readable by us alone
-    fd = os.open(cell_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(cell.to_dict()))
-    result_path.unlink(missing_ok=True)
+    paths = write_cell_file(cell, work_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([python, "-m", "kvmap.bench.cell", str(cell_path),
-                                 str(result_path)], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([python, "-m", "kvmap.bench.cell", str(paths[0]),
+                                 str(paths[1])], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=child_env(),
                                 start_new_session=True,
                                 preexec_fn=_child_setup(getattr(cell, "memory_limit_bytes",
@@ -142,13 +188,7 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
                                 if sys.platform == "linux" else None)
 
         def progress(line: str) -> bool:  # progress lines -> callback, the rest -> log
-            if not line.startswith(PROGRESS_PREFIX):
-                return False
-            try:
-                on_fraction(json.loads(line[len(PROGRESS_PREFIX):])["fraction"])
-            except (ValueError, KeyError):
-                pass
-            return True
+            return route_line(line, None, on_fraction)
 
         reader = pump_lines(proc.stdout, log, progress)
         timed_out = False
@@ -166,18 +206,5 @@ def run_cell_subprocess(cell: CellSpec, work_dir: Path, log_path: Path,
             proc.wait()
             raise
         reader.join(timeout=5)
-    duration_s = time.perf_counter() - t0
-    cell_path.unlink(missing_ok=True)
-    if timed_out or proc.returncode != 0:
-        sweep_after_kill(cell.kv)
-    if timed_out:
-        result_path.unlink(missing_ok=True)
-        return failed_record(cell, f"timed out after {cell.timeout_s:g} s (cell_timeout_s)",
-                             duration_s), []
-    if proc.returncode == 0 and result_path.is_file():
-        result = json.loads(result_path.read_text())
-        result_path.unlink()
-        return CellRecord.from_dict(result["record"]), result["rows"]
-    tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:]).strip()
-    return failed_record(cell, f"cell process exited with code {proc.returncode}"
-                               f"{': ' + tail if tail else ''}", duration_s), []
+    return collect_result(cell, paths, log_path, proc.returncode, timed_out,
+                          time.perf_counter() - t0)

@@ -19,6 +19,7 @@ from kvmap.runs.names import base_name
 from kvmap.workloads.options import workload_spec
 
 DEFAULT_CELL_TIMEOUT_S = 1800.0     # a cell that hangs must not hang the run
+AUTO_ARRIVAL = "auto"               # load levels found by the run (runs.search)
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,19 @@ class WorkloadEntry:
     slo: dict | None = None                    # its own SLA (normalized keys, seconds)
     endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
     block_size: int | None = None              # one value of a block-size sweep (block_sweep)
+    search: dict | None = None                 # arrival: auto (runs.search settings)
 
     def spec(self, seed: int = 0):
-        return workload_spec(self.name, self.options, seed)
+        """The workload of this level; an ``arrival: auto`` entry's (its probes set
+        their own arrival) is taken at ``closed:1``."""
+        options = self.options
+        if options.get("arrival") == AUTO_ARRIVAL:
+            options = {**options, "arrival": "closed:1"}
+        return workload_spec(self.name, options, seed)
+
+    @property
+    def is_search(self) -> bool:
+        return self.options.get("arrival") == AUTO_ARRIVAL
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,9 @@ class CellSpec:
     timeout_s: float | None = None
     memory_limit_bytes: int | None = None   # RLIMIT_AS of the cell process (None: none)
     endpoint: EndpointEntry | None = None   # an endpoint's cell (``kv`` is its name)
+    # the checklist probes (bench/probes.py) measure the configuration, not the load: a
+    # configuration's first workload cell runs them (``Scenario.cells``); not in the id
+    run_probes: bool = True
 
     @property
     def job(self) -> str:
@@ -175,7 +189,8 @@ class Scenario:
                 done.add(spec)
                 for w in self.workloads:
                     if kv not in (w.kv or self.kv) or (w.models is not None
-                                                       and model.label not in w.models):
+                                                       and model.label not in w.models) \
+                            or w.is_search:       # its cells come from its search
                         continue
                     engine = self.engine if w.kv_memory is None else \
                         replace(self.engine, kv_memory=w.kv_memory)
@@ -189,7 +204,41 @@ class Scenario:
                         continue
                     if not (model.is_dummy and t.is_accuracy_task):
                         cells.append(self._cell(model, spec, self.engine, task=t))
-        return cells + self.endpoint_cells()
+        return with_probes_once(cells) + self.endpoint_cells()
+
+    def searches(self) -> list[CellSpec]:
+        """One cell per configuration of each ``arrival: auto`` workload, in the order
+        ``cells`` would place them: the template its search's probes are made from
+        (``probe_cell``); never run itself."""
+        out = []
+        for model in self.models:
+            done: set[str] = set()
+            for kv in self.all_kv():
+                spec = model.dtype if kv == "auto" else kv
+                if spec in done:
+                    continue
+                done.add(spec)
+                for w in self.workloads:
+                    if not w.is_search or kv not in (w.kv or self.kv) or (
+                            w.models is not None and model.label not in w.models):
+                        continue
+                    engine = self.engine if w.kv_memory is None else \
+                        replace(self.engine, kv_memory=w.kv_memory)
+                    out.append(self._cell(model, spec, engine, workload=w,
+                                          slo=w.slo or self.slo))
+        return out
+
+    def probe_cell(self, template: CellSpec, role: str, arrival: str,
+                   num_requests: int) -> CellSpec:
+        """The probe of a search at ``arrival`` (``closed:N`` | ``poisson:R``)."""
+        from kvmap.workloads.options import Load
+        load = {**Load.of(arrival).to_dict(),
+                "search": {"role": role, **(template.workload.search or {})}}
+        w = replace(template.workload, options={**template.workload.options,
+                                                "arrival": arrival,
+                                                "num_requests": num_requests}, load=load)
+        return self._cell(template.model, template.kv, template.engine, workload=w,
+                          slo=template.slo)
 
     def endpoint_cells(self) -> list[CellSpec]:
         """Every endpoint's cells, endpoint by endpoint (its server runs once for them):
@@ -235,11 +284,27 @@ class Scenario:
         return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def with_probes_once(cells: list[CellSpec], done: set | None = None) -> list[CellSpec]:
+    """``cells`` with ``run_probes`` on the first workload cell of each configuration
+    (model entry and KV spec) only; ``done`` (updated): configurations already probed."""
+    done = set() if done is None else done
+    out = []
+    for c in cells:
+        key = (c.model.label, c.model.dtype, c.kv)
+        if c.workload is not None and c.endpoint is None:
+            out.append(replace(c, run_probes=key not in done))
+            done.add(key)
+        else:
+            out.append(c)
+    return out
+
+
 def _cell_id(cell: CellSpec) -> str:
     """A slug and a hash of the secrets-free fields (``redact_obj``): a password in a
     KV spec's URL never reaches a file name."""
     data = redact_obj({k: v for k, v in cell.to_dict().items()
-                       if k not in ("cell_id", "timeout_s", "memory_limit_bytes")})
+                       if k not in ("cell_id", "timeout_s", "memory_limit_bytes",
+                                    "run_probes")})
     _drop_unset_endpoints(data)
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
     model = Path(cell.model.label).stem if "/" in cell.model.name else cell.model.label
@@ -258,6 +323,6 @@ def _drop_unset_endpoints(data: dict) -> None:
     for jobs in (data.get("workloads") or [], data.get("tasks") or [],
                  [data.get("workload") or {}, data.get("task") or {}]):
         for job in jobs:
-            for key in ("endpoints", "slo", "block_size"):
+            for key in ("endpoints", "slo", "block_size", "search"):
                 if isinstance(job, dict) and key in job and job[key] is None:
                     job.pop(key)

@@ -1,7 +1,13 @@
 """The ``kvmap bench`` command: ``register(app, tradeoff_map)`` adds it to a Typer app.
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
-                [--backend local|ray] [--address ADDR]
+                [--backend local|ray] [--address ADDR] [--budget 40m] [--no-sizing]
+                [--dry-run]
+
+Before the first cell it prints its estimate, per family of cells and in all, on this
+machine as it runs now, and sizes the scenario to its time budget (``bench.preflight``;
+the built-in default scenario's budget is 40 min, --quick's 3 min): what it cut, or a
+refusal (exit 2) when even the minimum does not fit. ``--dry-run`` prints only that.
 
 The run ends in its trade-off map: ``<run dir>/report.html`` and, in the terminal, the
 summary, the recommendation for the scenario's SLA and its checklist (``kvmap report``).
@@ -60,6 +66,15 @@ def bench(
     address: Optional[str] = typer.Option(None, "--address", help="With --backend ray: "
                                           "an existing Ray cluster (default: start Ray "
                                           "on this machine)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Wall-time budget (40m, "
+                                         "90s, 1h30m): requests, samples and search probes "
+                                         "are sized to fit it on this machine. Default: "
+                                         "40m for the built-in scenario, 3m with --quick, "
+                                         "none for a scenario file."),
+    no_sizing: bool = typer.Option(False, "--no-sizing", help="Run the scenario as "
+                                   "written; only say whether it fits --budget."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the estimate (and what "
+                                 "the budget cuts) and stop before any cell."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
@@ -76,20 +91,31 @@ def bench(
         fail(redact_spec(str(e)))
     for note in parsed.notes:
         err.print(f"note: {escape(redact_spec(note))}")
+    plan = _preflight(parsed, budget, no_sizing, backend == "local" and not address, out,
+                      err)
+    if dry_run:
+        return
+    parsed = plan.scenario
     run_dir = out or default_run_dir(parsed)
-    cells = parsed.cells()
+    left_out = {cid for cid, _ in (plan.plan.left_out if plan.plan else ())}
+    cells = [c for c in parsed.cells() if c.cell_id not in left_out]
     err.print(f"scenario {escape(repr(parsed.name))}: {len(cells)} cells "
               f"({len(parsed.models)} model(s), {len(parsed.all_kv())} KV configs, "
               f"{len(parsed.workloads)} workload levels, {len(parsed.tasks)} tasks) "
               f"-> {escape(str(run_dir))}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
-                              address=address, retry_failed=retry_failed)
+                              address=address, retry_failed=retry_failed, cells=cells,
+                              estimate=plan.estimate, searches=True)
+        from kvmap.runs.store import RunStore
+        RunStore(result.run_dir).update_metadata(preflight=plan.to_dict())
     except ValueError as e:
         fail(redact_spec(str(e)))
     except KeyboardInterrupt:
         err.print(escape(f"\ninterrupted; resume with: kvmap bench "
                   f"{scenario or ''}{' --quick' if quick else ''} --out {run_dir}"
+                  f"{' --budget ' + budget if budget else ''}"
+                  f"{' --no-sizing' if no_sizing else ''}"
                   f"{' --backend ' + backend if backend != 'local' else ''}"
                   f"{' --address ' + address if address else ''}"))
         raise typer.Exit(code=130) from None
@@ -115,6 +141,27 @@ def bench(
             typer.echo(f"trade-off map: {report_path}")
     if result.num_failed or tradeoff is None:
         raise typer.Exit(code=1)
+
+
+def _preflight(parsed, budget: str | None, no_sizing: bool, warm: bool, out: Path | None,
+               err: Console):
+    """The estimate and the budget's plan (``bench.preflight``), printed; exit 2 for a bad
+    ``--budget`` or one below the minimum. Resuming ``out``, the stored plan's sizes are
+    kept (a new proxy would size the scenario anew and the run would not resume)."""
+    from rich.markup import escape
+
+    from kvmap.bench.preflight import preflight
+    from kvmap.kv.redact import redact_spec
+    stored = None
+    if out is not None and (out / "run.json").is_file():
+        stored = (json.loads((out / "run.json").read_text()).get("preflight") or {}).get("budget")
+    try:
+        plan = preflight(parsed, budget, sizing=not no_sizing, warm=warm, stored=stored)
+    except ValueError as e:         # a bad --budget, or a budget below the minimum
+        fail(redact_spec(str(e)))
+    for line in plan.lines():
+        err.print(escape(redact_spec(line)))
+    return plan
 
 
 def register(app: typer.Typer, tradeoff_map: MapMaker) -> None:

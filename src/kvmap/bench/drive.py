@@ -31,10 +31,13 @@ class LoopStats:
 
 
 def drive(engine, requests: list, prompt_ids: list[list[int]], concurrency: int | None,
-          on_finish: Callable[[int], None] | None = None) -> tuple[dict, dict, LoopStats]:
+          on_finish: Callable[[int], None] | None = None,
+          watch=None) -> tuple[dict, dict, LoopStats]:
     """Send ``requests`` (``WorkloadRequest``s, in send order) through ``engine``.
 
-    ``concurrency=None`` is an open loop on the requests' ``arrival_s`` offsets. Returns
+    ``concurrency=None`` is an open loop on the requests' ``arrival_s`` offsets. ``watch``
+    (a ``saturation.SaturationWatch``) may stop it early: the requests not sent yet are
+    refused with the reason, those in flight aborted. Returns
     ``(outputs, errors, stats)``: ``RequestOutput`` by request id, the error text of
     requests the engine refused, and loop statistics. Mutates ``engine`` (its requests are
     all finished and popped on return).
@@ -98,7 +101,24 @@ def drive(engine, requests: list, prompt_ids: list[list[int]], concurrency: int 
                 outputs[req.request_id] = engine.pop_finished(req.request_id)
                 done(requests[position[req.request_id]],
                      req.metrics.finished_s or time.perf_counter())
+                times = req.metrics.token_times_s
+                if watch is not None and watch.finished(
+                        time.perf_counter() - t0, len(in_flight),
+                        times[0] - req.metrics.arrival_s if times else None):
+                    _stop(engine, requests, pending, in_flight, outputs, errors)
         stats.num_steps += 1
         stats.sample(engine)
     stats.duration_s = time.perf_counter() - t0
     return outputs, errors, stats
+
+
+def _stop(engine, requests: list, pending: list, in_flight: set, outputs: dict,
+          errors: dict) -> None:
+    """An over-saturated level ends now: nothing more is sent, what is in flight aborts."""
+    for i in pending:
+        errors[requests[i].request_id] = "not sent: the level stopped as over-saturated"
+    pending.clear()
+    for request_id in list(in_flight):
+        engine.abort(request_id)
+        outputs[request_id] = engine.pop_finished(request_id)
+    in_flight.clear()

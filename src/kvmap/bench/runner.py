@@ -67,28 +67,52 @@ def _fmt_s(seconds: float | None) -> str:
 
 
 class _Eta:
-    """Remaining time: each cell costs the mean of finished cells of its job (else of all)."""
+    """Remaining time: each cell costs the mean of finished cells of its job (else of all);
+    with an estimate (``bench.estimate``), a job not seen yet costs its estimate scaled by
+    the ratio of actual to estimated time of the cells done so far."""
 
-    def __init__(self, cells: list[CellSpec], parallelism: int = 1):
+    def __init__(self, cells: list[CellSpec], parallelism: int = 1, estimate=None):
         self.remaining = list(cells)
         self.parallelism = max(1, parallelism)
         self.durations: dict[str, list[float]] = {}
+        self.estimate, self.ratio = estimate, [0.0, 0.0]      # actual, estimated
+        ids = {c.cell_id for c in cells}       # a search's probes, estimated at their most
+        self.extra = [e for e in (estimate.cells if estimate else ()) if e.cell_id not in ids]
 
     def finished(self, cell: CellSpec, duration_s: float) -> None:
-        self.remaining.remove(cell)
+        if cell in self.remaining:
+            self.remaining.remove(cell)
+        else:                              # a search's probe: one of its estimates is done
+            same = [e for e in self.extra if e.family == getattr(cell.workload, "name", None)]
+            if same:
+                self.extra.remove(next((e for e in same if e.cell_id == cell.cell_id), same[0]))
         self.durations.setdefault(cell.job, []).append(duration_s)
+        est = self.estimate.of(cell.cell_id) if self.estimate is not None else None
+        if est is not None:
+            self.ratio[0] += duration_s
+            self.ratio[1] += est.seconds
 
     def skipped(self, cell: CellSpec) -> None:
         self.remaining.remove(cell)
 
+    def _guess(self, cell: CellSpec) -> float | None:
+        est = self.estimate.of(cell.cell_id) if self.estimate is not None else None
+        if est is None:
+            return None
+        return est.seconds * (self.ratio[0] / self.ratio[1] if self.ratio[1] else 1.0)
+
     def seconds(self, running_s: float = 0.0) -> float | None:
         every = [d for ds in self.durations.values() for d in ds]
-        if not every:
+        if not every and self.estimate is None:
             return None
         total = 0.0
         for cell in self.remaining:
-            ds = self.durations.get(cell.job) or every
-            total += sum(ds) / len(ds)
+            ds = self.durations.get(cell.job)
+            guess = self._guess(cell) if not ds else None
+            ds = ds or every
+            total += guess if guess is not None else sum(ds) / len(ds) if ds else 0.0
+        scale = self.ratio[0] / self.ratio[1] if self.ratio[1] else 1.0
+        total += scale * sum(e.seconds for e in self.extra)
         return max(0.0, total / min(self.parallelism, max(1, len(self.remaining)))
                    - running_s)
 
@@ -97,27 +121,35 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  console: Console | None = None, retry_failed: bool = False,
                  show_progress: bool = True, command: list[str] | None = None,
                  backend: str | CellBackend = "local", address: str | None = None,
-                 cells: list[CellSpec] | None = None) -> RunResult:
+                 cells: list[CellSpec] | None = None, estimate=None,
+                 searches: bool | None = None) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
     ``"ray"`` (cells as Ray tasks; ``address`` names an existing cluster), or a
     ``CellBackend``. ``ValueError`` -- before anything is stored -- for a backend that
     cannot run the scenario's cells. ``cells``: run only these (default
-    ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time."""
+    ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time.
+    Without ``cells`` (or with ``searches=True``), the scenario's ``arrival: auto``
+    searches run after its cells (``search_backend``). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
+    its cell's estimate beside its actual wall time (``estimate``), and the ETA uses it."""
     t_start = time.perf_counter()
     console = console or Console(stderr=True)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(scenario)
+    searching = cells is None if searches is None else searches
     cells = scenario.cells() if cells is None else list(cells)
     if backend == "local" and not address:
         backend = LocalBackend(run_cell_process)      # looked up now: tests replace it
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
     backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
+    if searching:
+        from kvmap.bench.search_backend import with_searches
+        backend = with_searches(backend, scenario, cells, retry_failed)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
-                          show_progress, command, t_start, settings)
+                          show_progress, command, t_start, settings, estimate)
 
 
 @contextmanager
@@ -147,15 +179,14 @@ def _thread_settings(backend: CellBackend, console: Console):
 
 def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend: CellBackend,
                console: Console, retry_failed: bool, show_progress: bool,
-               command: list[str] | None, t_start: float, settings=None) -> RunResult:
+               command: list[str] | None, t_start: float, settings=None,
+               estimate=None) -> RunResult:
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     store.clear_work()          # a killed run's cell files (a spec may name secrets' places)
     stored = {c.cell_id: c for c in store.cells()}
     skip = {cid for cid, c in stored.items() if c.ok or not retry_failed}
-    eta = _Eta(cells, backend.parallelism)
-    for cell in cells:
-        if cell.cell_id in skip:
-            eta.skipped(cell)
+    eta = _Eta([c for c in cells if c.cell_id not in skip], backend.parallelism, estimate)
+    total = len(cells) + getattr(backend, "max_extra_cells", 0)    # a search: at most
     todo = [(i, c) for i, c in enumerate(cells) if c.cell_id not in skip]
     if resumed:
         console.print(f"resuming {escape(str(run_dir))}: {len(cells) - len(todo)} of {len(cells)} cells "
@@ -171,7 +202,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
     num_ran = 0
     try:
         with progress:
-            overall = progress.add_task("cells", total=len(cells),
+            overall = progress.add_task("cells", total=total,
                                         completed=len(cells) - len(todo), eta="?")
             current = progress.add_task("", total=1.0, eta="", visible=False)
             started: dict[str, float] = {}
@@ -193,19 +224,20 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                                   "node": result.node}
                 if result.log is not None:
                     store.write_log(cell.cell_id, result.log)
+                t_cell = started.pop(cell.cell_id, t_run)
+                _beside_estimate(record, estimate, cell, time.perf_counter() - t_cell)
                 write_timeseries(store.dir, record)     # the series goes beside the rows
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
-                t_cell = started.pop(cell.cell_id, t_run)
                 eta.finished(cell, record.duration_s or time.perf_counter() - t_cell)
                 progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
                 mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
                     record.status, "[red]FAILED[/]")
-                remaining = f", ETA {_fmt_s(eta.seconds())}" if n < len(todo) else ""
+                remaining = f", ETA {_fmt_s(eta.seconds())}" if eta.remaining or eta.extra else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an
                 # error message must not crash the run after the cell was stored
-                console.print(f"[{len(cells) - len(todo) + n}/{len(cells)}] {mark} "
+                console.print(f"[{len(cells) - len(todo) + n}/{total}] {mark} "
                               f"{escape(cell.model.name)} | {escape(_label(cell))} "
                               f"({_fmt_s(record.duration_s)}{escape(where)}"
                               f"{remaining})")
@@ -226,6 +258,16 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                      num_skipped=len(cells) - len(todo),
                      num_failed=sum(c.status == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
+
+
+def _beside_estimate(record: CellRecord, estimate, cell: CellSpec, wall_s: float) -> None:
+    """The cell's estimate and its actual wall time here (start-up included), side by side;
+    a probe of a search (not in the estimate) gets its actual time alone."""
+    if estimate is None:
+        return
+    est = estimate.of(cell.cell_id)
+    record.estimate = {**(est.to_dict() if est is not None else {"estimate_s": None}),
+                          "actual_s": round(wall_s, 2)}
 
 
 def _label(cell: CellSpec) -> str:

@@ -137,3 +137,28 @@ def check_trace_arrivals(workloads, timeout_s: float | None, problems) -> None:
                 problems.add(f"workloads.{w.name}.trace", f"an arrival at {last_s:g} s is "
                              f"past cell_timeout_s={timeout_s:g}; the cell could only time "
                              "out")
+
+
+def check_searches(workloads: list[WorkloadEntry], slo: dict | None, problems) -> None:
+    """An ``arrival: auto`` workload searches for the SLA capacity: it needs an SLA."""
+    for w in workloads:
+        if w.search is not None and not (w.slo or slo):
+            problems.add(f"workloads ({w.name}).arrival", "auto finds the SLA capacity: the "
+                         "workload or the scenario needs an slo")
+
+
+def parse_memory_limit(raw, problems) -> int | None:
+    """``cell_memory_limit: 8GiB`` -> bytes (None: no limit)."""
+    from kvmap.config import parse_size
+    if raw is None:
+        return None
+    try:
+        limit = parse_size(raw, "cell_memory_limit")
+    except ValueError as e:
+        problems.add("cell_memory_limit", str(e))
+        return None
+    if limit < 256 << 20:
+        problems.add("cell_memory_limit", f"{raw!r} is below 256MiB, too small to load "
+                                          "torch")
+        return None
+    return limit

@@ -13,11 +13,13 @@ from typing import Any
 import torch
 
 from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes
+from kvmap.runs.search import search_settings
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario, TaskEntry,
                                   WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,
                                         reserved_names)
-from kvmap.bench.scenario_checks import check_models, check_trace_arrivals
+from kvmap.bench.scenario_checks import (check_models, check_searches, check_trace_arrivals,
+                                         parse_memory_limit)
 from kvmap.bench.scenario_fields import (Problems, as_tuple, is_int, parse_kv,
                                          parse_slo_section, unknown_keys)
 from kvmap.bench.scenario_trust import refuse_code
@@ -34,7 +36,7 @@ ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_token
                "enable_prefix_caching", "num_threads", "device"}
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
 BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "slo", "endpoints",
-                                      BLOCK_SIZE_KEY}
+                                      BLOCK_SIZE_KEY, "search"}
 TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
@@ -61,7 +63,7 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
                                   or isinstance(timeout_s, bool) or timeout_s <= 0):
         problems.add("cell_timeout_s", f"{timeout_s!r} must be a number of seconds > 0")
         timeout_s = None
-    memory_limit = _parse_memory_limit(data.get("cell_memory_limit"), problems)
+    memory_limit = parse_memory_limit(data.get("cell_memory_limit"), problems)
     engine = _parse_engine(data.get("engine") or {}, problems)
     models = _parse_models(data.get("models", ["smollm2"]), problems, base_dir, engine)
     kv = parse_kv(data.get("kv"), "kv", problems, notes, skip)
@@ -73,6 +75,7 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
     tasks = _check_job_models(_parse_tasks(data.get("tasks") or [], problems, notes, skip,
                                            base_dir, endpoints), models, "tasks", problems)
     slo = parse_slo_section(data.get("slo"), problems)
+    check_searches(workloads, slo, problems)
     if not workloads and not tasks:
         problems.add("workloads", "the scenario has no workloads and no tasks")
     check_models(models, kv, engine, workloads, tasks, problems, seed)
@@ -94,21 +97,6 @@ def parse_scenario(data: dict, source: str = "<scenario>", base_dir: Path | None
                     endpoints=tuple(endpoints))
 
 
-def _parse_memory_limit(raw: Any, problems: Problems) -> int | None:
-    """``cell_memory_limit: 8GiB`` -> bytes (None: no limit)."""
-    from kvmap.config import parse_size
-    if raw is None:
-        return None
-    try:
-        limit = parse_size(raw, "cell_memory_limit")
-    except ValueError as e:
-        problems.add("cell_memory_limit", str(e))
-        return None
-    if limit < 256 << 20:
-        problems.add("cell_memory_limit", f"{raw!r} is below 256MiB, too small to load "
-                                          "torch")
-        return None
-    return limit
 
 
 def _parse_models(raw: Any, problems: Problems, base_dir: Path, engine: EngineArgs
@@ -242,10 +230,16 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         slo = parse_slo_section(item.get("slo"), problems, f"{where}.slo")
         if not _resolve_files(options, where, base_dir, problems):
             continue
+        try:                  # None unless arrival: auto (runs.search)
+            search = search_settings(item, options)
+        except ValueError as e:
+            problems.add(f"{where}.search", str(e))
+            continue
         try:
-            levels = load_levels(options)
+            levels = [(options, None)] if search else load_levels(options)
             for level, _ in levels:
-                workload_spec(name, level, seed)
+                auto = {"arrival": "closed:1"} if search else {}
+                workload_spec(name, {**level, **auto}, seed)
         except ValueError as e:
             problems.add(where, str(e))
             continue
@@ -255,9 +249,11 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
             [(sweep_name(name, b) if isinstance(item[BLOCK_SIZE_KEY], list) else name, b)
              for b in sizes]
         entries += [WorkloadEntry(label, level, load.to_dict() if load else None, kv,
-                                  kv_memory, models, slo, chosen, block_size=size)
+                                  kv_memory, models, slo, chosen, block_size=size,
+                                  search=search or None)
                     for label, size in named for level, load in levels]
     return entries
+
 
 
 def _check_job_models(jobs: list, models: list[ModelEntry], section: str,

@@ -29,8 +29,10 @@ def request_rows(cell, requests: list, outputs: dict, errors: dict,
                "needle_depth": r.needle_depth, "max_tokens": r.max_tokens}
         out = outputs.get(r.request_id)
         if out is None:
+            # a request never run still counts (failed) from its scheduled arrival
             rows.append({**row, "failed": True, "error": errors.get(r.request_id, "not run"),
-                         "finish_reason": None, "token_times_s": []})
+                         "finish_reason": None, "token_times_s": [],
+                         "arrival_s": r.arrival_s or 0.0})
             continue
         m, s = out.metrics, request_stats(out)
         correct = None

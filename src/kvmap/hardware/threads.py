@@ -113,3 +113,15 @@ def choose(num_threads: int | None = None, rounds: int = 1, rows: int = 4,
                               load)
     _RECENT[num_threads] = (time.monotonic(), settings)
     return settings
+
+
+def step_time_s(policy: str, num_threads: int | None = None, rounds: int = 3,
+                rows: int = 4) -> float:
+    """The decode-step proxy's seconds under ``policy`` now (the median of ``rounds``
+    fresh processes): how fast this machine runs a cell's step at this moment, load
+    included (the bench estimate scales by it)."""
+    import torch
+    if policy not in POLICIES and policy.upper() not in ("ACTIVE", "PASSIVE"):
+        raise ValueError(f"wait policy {policy!r} is not one of {', '.join(POLICIES)}")
+    num_threads = num_threads or torch.get_num_threads()
+    return statistics.median(_proxy_s(policy, num_threads, rows) for _ in range(rounds))

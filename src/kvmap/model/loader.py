@@ -119,7 +119,10 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     """
     from kvmap.model.wquant import check_quantization
     check_quantization(quantization, device)
-    loaded = _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
+    from kvmap.model.preload import kept
+    loaded = (kept(model, resolve_dtype(dtype), device)      # a warm worker's weights
+              if use_cache and num_layers is None and seed == 0 else None) \
+        or _load(model, resolve_dtype(dtype), device, use_cache, num_layers, seed)
     loaded.quantization = quantization
     kind, path = resolve_model(model)
     if quantization == "int4" and kind == "gguf":
@@ -128,6 +131,16 @@ def load_model(model: str | None = None, dtype: torch.dtype | str = torch.bfloat
     if quantization in ("int8", "w8a8"):
         from kvmap.model.smoothquant import calibration_ids
         loaded.calibration_ids = calibration_ids(loaded.tokenizer, loaded.config.vocab_size)
+    return loaded
+
+
+def preload_model(model: str | None, dtype: torch.dtype | str,
+                  device: torch.device | str = "cpu") -> LoadedModel:
+    """Load ``model``'s weights once and keep them in this process (``preload.py``): a
+    later ``load_model`` with the same model, dtype and device gets them without a read."""
+    from kvmap.model.preload import keep
+    loaded = _load(model, resolve_dtype(dtype), device, True, None, 0)
+    keep(model, resolve_dtype(dtype), device, loaded)
     return loaded
 
 

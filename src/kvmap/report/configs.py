@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmap.report.capacity import level_cells, search_capacity
 from kvmap.runs.record import CellRecord
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
@@ -121,7 +122,8 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
                swept: set[str], seed: int) -> dict[str, list[dict]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c.status == "ok"]
-    for c in sorted(ok, key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
+    # (a search's serial and saturated runs are its range, not levels: report/capacity.py)
+    for c in sorted(level_cells(ok), key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
         if c.workload:          # a swept workload keeps its top level that ran
             s.workloads[c.workload] = c.metrics
             s.rows[c.workload] = rows_by_cell.get(c.cell_id, [])
@@ -132,11 +134,13 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
     for_slo = {w: rows for w, rows in s.rows.items() if w not in swept}
     for w in swept:
         cells = [c for c in group if c.workload == w and L.load_of(c)]
+        searched = search_capacity(cells)       # arrival: auto (report/capacity.py)
+        cells = level_cells(cells)
         s.curves[w] = points = L.load_points(cells, rows_by_cell, slo, seed)
         by_id = {c.cell_id: c for c in cells}
         s.levels[w] = [(p.label, by_id[p.cell_id].metrics if p.ok else None,
                         rows_by_cell.get(p.cell_id, [])) for p in points]
-        cap = L.sla_capacity(points, slo)
+        cap = searched or L.sla_capacity(points, slo)
         if w == s.primary_workload:
             s.capacity = cap
         ran = [p for p in points if p.ok]

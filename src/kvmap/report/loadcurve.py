@@ -60,8 +60,13 @@ class Capacity:
     top: float | None = None
     ci: tuple[float, float] | None = None      # from the keys' bootstrap intervals
     gaps: tuple[str, ...] = ()
+    note: str = ""                             # a search's: "indeterminate at this power"
 
     def describe(self) -> str:
+        text = self._describe()
+        return f"{text} ({self.note})" if self.note else text
+
+    def _describe(self) -> str:
         unit = {"closed": " concurrent", "poisson": " req/s"}.get(self.kind, "")
         if self.status == "unmeasured":
             return "not measured"

@@ -1,0 +1,108 @@
+"""The ``arrival: auto`` searches, run by the runner's backend after the scenario's cells.
+
+``with_searches(backend, scenario, cells)`` wraps a backend so that, once the cells it
+was given are done, each configuration's search (``runs.search.next_probe``) runs
+its probes one at a time through the same backend: the next probe is decided from the
+records of the previous ones, so the runner stores every probe as it ends and a
+resumed run replays the stored probes and goes on where it stopped. A stored failed
+probe counts as a failed level (``retry_failed`` runs it again).
+
+After each configuration's search its result goes to ``searches.json`` in the run
+directory (``{template cell id: {"workload", "model", "kv", "result"}}``) for the report.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
+from kvmap.runs.search import Probe, SearchSettings, next_probe, result
+from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
+from kvmap.runs.record import CellRecord
+from kvmap.runs.store import RunStore
+
+SEARCHES_FILE = "searches.json"
+
+
+class SearchingBackend(CellBackend):
+    """``inner``, then the searches of ``templates`` (``Scenario.searches``)."""
+
+    def __init__(self, inner: CellBackend, scenario: Scenario, templates: list[CellSpec],
+                 cells: list[CellSpec], retry_failed: bool = False):
+        self.inner, self.scenario, self.templates = inner, scenario, templates
+        self.first_ordinal, self.retry_failed = len(cells), retry_failed
+        self.name, self.parallelism = inner.name, inner.parallelism
+        self.probed = {(c.model.label, c.model.dtype, c.kv) for c in cells
+                       if c.workload is not None}
+
+    @property
+    def max_extra_cells(self) -> int:
+        """At most this many probe cells (the progress total)."""
+        return sum(2 + SearchSettings(**t.workload.search).max_probes for t in self.templates)
+
+    def open(self, cells: list[CellSpec]) -> None:
+        self.inner.open(cells)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+    def run(self, todo: list[tuple[int, CellSpec]], store: RunStore,
+            on_fraction: FractionCallback) -> Iterator[CellResult]:
+        if todo:
+            yield from self.inner.run(todo, store, on_fraction)
+        ordinal = self.first_ordinal
+        for template in self.templates:
+            settings = SearchSettings(**template.workload.search)
+            stored = {c.cell_id: c for c in store.cells()}
+            probes: list[Probe] = []
+            records: list[CellRecord] = []
+            while True:
+                step = next_probe(probes, settings,
+                                  int(template.workload.options.get("num_requests") or 32),
+                                  template.engine.max_num_seqs)
+                if step is None:
+                    break
+                cell = self.scenario.probe_cell(template, step.role, step.arrival,
+                                                step.num_requests)
+                cell = with_probes_once([cell], self.probed)[0]
+                record = stored.get(cell.cell_id)
+                if record is None or (record.status == "failed" and self.retry_failed):
+                    for res in self.inner.run([(ordinal, cell)], store, on_fraction):
+                        yield res
+                        record = res.record
+                ordinal += 1
+                records.append(record)
+                probes.append(Probe.of(record, settings.attainment))
+            _save(store, template, result(probes, settings), records)
+
+
+def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord]) -> None:
+    path = store.dir / SEARCHES_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[template.cell_id] = {
+        "workload": template.workload.name, "model": template.model.name,
+        "quantization": template.model.quantization, "kv": template.kv,
+        "result": {"status": found.status, "capacity_req_s": found.capacity,
+                   "bracket_req_s": found.bracket, "tolerance": found.tolerance,
+                   "attainment_target": found.attainment, "knee": found.knee,
+                   "describe": found.describe()},
+        "probes": [{"cell_id": r.cell_id, "label": p.label, "role": p.role,
+                    "status": r.status, "share": p.share, "interval": p.interval,
+                    "verdict": p.verdict, "over_saturated": p.over_saturated,
+                    "concurrency": p.concurrency, "throughput_tok_s": p.throughput_tok_s}
+                   for r, p in zip(records, found.probes)]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def with_searches(backend: CellBackend, scenario: Scenario, cells: list[CellSpec],
+                  retry_failed: bool = False) -> CellBackend:
+    """``backend`` itself when the scenario has no ``arrival: auto`` workload."""
+    templates = scenario.searches()
+    if not templates:
+        return backend
+    return SearchingBackend(backend, scenario, templates, cells, retry_failed)
