@@ -53,8 +53,9 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def start_server(**options) -> RunningServer:
-    """``options``: ``EngineArgs`` fields and ``build_server``'s own keywords."""
+def build_tiny(**options):
+    """``build_server`` over ``TINY`` and ``options`` (``EngineArgs`` fields and its own
+    keywords): ``(app, loop)``."""
     from dataclasses import fields
 
     from kvmap.config import EngineArgs
@@ -62,8 +63,12 @@ def start_server(**options) -> RunningServer:
     kwargs = {**TINY, **options}
     engine = EngineArgs(**{f.name: kwargs.pop(f.name) for f in fields(EngineArgs)
                            if f.name in kwargs})
-    app, loop = build_server(engine, **kwargs)
-    return RunningServer(app, loop)
+    return build_server(engine, **kwargs)
+
+
+def start_server(**options) -> RunningServer:
+    """``options``: ``EngineArgs`` fields and ``build_server``'s own keywords."""
+    return RunningServer(*build_tiny(**options))
 
 
 @contextmanager

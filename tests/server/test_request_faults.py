@@ -14,9 +14,8 @@ import httpx
 import pytest
 import torch
 
-from kvmap.server.command import build_server
 from kvmap.server.engine_faults import RestartBudget
-from tests.server.conftest import TINY, free_blocks, held_engine, metric, start_server
+from tests.server.conftest import build_tiny, free_blocks, held_engine, metric, start_server
 from tests.server.test_api import assert_error, sse_events
 from tests.server.test_faults import MARKER, PROMPTS, check_pool, reference, stream_ids  # noqa: F401
 
@@ -129,8 +128,7 @@ def run_serve_app(limit_concurrency: int | None = None, **options):
     """``serve_app`` (what ``kvmap serve`` runs) in a thread: (engine loop, thread,
     {"url", "server", "code" once it returned})."""
     from kvmap.server.command import serve_app
-    kwargs = {**TINY, **options}
-    app, loop = build_server(kwargs.pop("model"), kwargs.pop("kv"), **kwargs)
+    app, loop = build_tiny(**options)
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
