@@ -13,6 +13,14 @@ and with bf16 activations: which is faster depends on the CPU and on the shape (
 the int8 kernel ran a decode row 6x faster with bf16 activations, and a prefill chunk 12x
 slower), so the model picks the activation dtype per phase from these rates.
 
+The compute curve (``matmul_curve``) times the same product at ``CURVE_ROWS`` rows with
+its weight in the caches: what the cores multiply at each batch size when the weights
+are not the limit (the simulator's roofline takes the weight stream from the decode
+probe's rate and the compute side from this curve).
+
+``probe_version`` says which probes a profile holds; a cached profile of an older
+version is measured again.
+
 All rates are FLOP/s (2 x rows x in x out per product) except the bandwidths (bytes/s);
 each is the median of a few repeats after a warm-up, with ``torch.set_num_threads`` as the
 profile's thread count. The whole measurement takes a few seconds.
@@ -26,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+PROBE_VERSION = 2                    # 2: matmul_curve
+CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_SHAPE = (576, 1536)          # (in, out): SmolLM2-135M's up projection
 PREFILL_ROWS = 512
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -152,6 +162,9 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
                 dense_product(torch.randn(n, k, dtype=dt)), torch.randn(prefill_rows, k, dtype=dt))
             probes["dense", name, "decode"] = _streamed(
                 _dense(dt, k, n), torch.randn(1, k, dtype=dt), n * k * dt.itemsize, stream_bytes)
+            product = dense_product(torch.randn(n, k, dtype=dt))
+            for m in CURVE_ROWS:
+                probes["curve", name, str(m)] = _cached(product, torch.randn(m, k, dtype=dt))
         for fmt, (maker, bytes_per_weight) in WEIGHT_KERNELS.items():
             for act in ("fp32", "bf16"):
                 dt = DTYPES[act]
@@ -176,7 +189,7 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
         read = read_bandwidth()
     finally:
         torch.set_num_threads(previous)
-    rows = {"prefill": prefill_rows, "decode": 1}
+    rows = {"prefill": prefill_rows, "decode": 1, **{str(m): m for m in CURVE_ROWS}}
     rates: dict = {}
     for (family, name, phase), ts in times.items():
         rates.setdefault(family, {}).setdefault(name, {})[phase] = \
@@ -186,6 +199,7 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
                for fmt in WEIGHT_KERNELS}
     return {"num_threads": hw.cpu.num_threads, "shape_in_out": [k, n],
             "prefill_rows": prefill_rows, "matmul_flops": rates["dense"],
+            "probe_version": PROBE_VERSION, "matmul_curve": rates["curve"],
             "weight_kernels": kernels, "read_bandwidth_bytes_per_s": read,
             "measured_s": round(time.perf_counter() - t_start, 2),
             "load_avg_1m": os.getloadavg()[0],
@@ -198,6 +212,14 @@ def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     ``repeats`` after a warm-up."""
     x = torch.ones(num_bytes // 8, dtype=torch.int64)
     return num_bytes / _median_s(x.sum, repeats)
+
+
+def copy_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes read + written per second by ``dst.copy_(src)`` of ``num_bytes`` (the
+    convention of ``/work/shared/CALIBRATION.md``); the median of ``repeats``."""
+    src = torch.ones(num_bytes // 2, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / _median_s(lambda: dst.copy_(src), repeats)
 
 
 def bf16_activation_speedup(rates: dict | None, fmt: str) -> float | None:

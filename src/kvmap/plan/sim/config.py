@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kvmap.kv.config import KVConfig
 from kvmap.plan.catalogue import PlanModel
 from kvmap.plan.sim.hardware import Hardware, Tier
+from kvmap.plan.sim.kvcost import KVCosts
 from kvmap.workloads.spec import WorkloadSpec
 
 EVICTIONS = ("lru", "lfu", "arc")
@@ -62,7 +63,9 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything one simulation needs; ``name`` labels it in the results."""
+    """Everything one simulation needs; ``name`` labels it in the results. ``kv_costs``:
+    what the KV configuration's own operators cost on ``hardware`` beyond their bytes
+    (:mod:`kvmap.plan.sim.kvcost`; None: bytes only)."""
 
     name: str
     model: PlanModel
@@ -74,6 +77,7 @@ class SimConfig:
     eviction: str = "lru"
     prefetch: str = "none"
     engine: EngineSettings = EngineSettings()
+    kv_costs: KVCosts | None = None
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTIONS:
@@ -96,6 +100,7 @@ class SimConfig:
             "hardware": dict(hw.__dict__), "kv": self.kv.spec,
             "tiers": [dict(t.__dict__) for t in self.tiers], "eviction": self.eviction,
             "prefetch": self.prefetch, "engine": dict(self.engine.__dict__),
+            "kv_costs": None if self.kv_costs is None else self.kv_costs.to_dict(),
             "workload": None if self.workload is None else {
                 "name": self.workload.name, "kind": self.workload.kind,
                 "num_requests": self.workload.num_requests,

@@ -59,7 +59,7 @@ class Simulator:
         e = config.engine
         self.block_size = e.block_size
         self.mc = model_cost(config.model, config.kv, config.hardware, e.block_size,
-                             config.weights)
+                             config.weights, config.kv_costs)
         self.num_hbm_blocks = self._pool_blocks()
         self.policy = config.kv.policy
         self.window = config.model.config.sliding_window
@@ -307,7 +307,10 @@ class Simulator:
     # ---- one step ------------------------------------------------------------------
     def _load(self, items: list[tuple[SimState, int]]) -> StepLoad:
         num_tokens = num_sampled = pairs = read = write = 0
-        streamed_blocks = 0
+        streamed_blocks = num_decode = decode_read = stats = 0
+        compress = 0.0
+        policy = self.policy
+        every = policy.decode_every_steps(self.block_size) if policy is not None else 0
         for st, n in items:
             start, end = st.num_computed, st.num_computed + n
             num_tokens += n
@@ -323,10 +326,22 @@ class Simulator:
                 streamed_blocks += st.num_offloaded
             read += hbm_tokens + n
             write += n
+            if start >= st.req.prompt_tokens:          # a decode row
+                num_decode += 1
+                decode_read += hbm_tokens + n
+                if policy is not None:
+                    if policy.needs_window_attention or policy.needs_accumulated_attention:
+                        stats += hbm_tokens + n
+                    if every:                          # a compression every `every` steps
+                        compress += (hbm_tokens + n) / every
+            elif policy is not None and end == st.req.prompt_tokens:
+                compress += end                         # the prompt, compressed once
         link_bytes = {}
         if streamed_blocks:
             link_bytes[self.store.levels[0].spec.link] = self.store.stream(streamed_blocks)
-        return StepLoad(num_tokens, num_sampled, pairs, read, write, link_bytes, len(items))
+        return StepLoad(num_tokens, num_sampled, pairs, read, write, link_bytes, len(items),
+                        num_decode=num_decode, decode_read_tokens=decode_read,
+                        stats_tokens=stats, compress_tokens=compress)
 
     def _step(self, items: list[tuple[SimState, int]]) -> None:
         start_s = self.now_s
