@@ -1,7 +1,7 @@
 """The ``kvmap bench`` command: ``register(app)`` adds it to a Typer app.
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
-                [--backend local|ray] [--address ADDR]
+                [--backend local|ray] [--address ADDR] [--predict GPU|cpu|none]
 
 The run ends in its trade-off map: ``<run dir>/report.html`` and, in the terminal, the
 summary, the recommendation for the scenario's SLA and its checklist (``kvmap report``).
@@ -10,6 +10,11 @@ SCENARIO, ``--quick`` shrinks its workloads. ``--out`` names the run directory; 
 the directory of an interrupted run of the same scenario resumes it. A bad scenario exits
 with code 2 before any cell runs, listing every problem; a run with failed cells exits 1
 after storing and printing everything; Ctrl-C exits 130 and says how to resume.
+
+Each workload cell's record carries the simulator's prediction of it on this machine's
+hardware profile (``kvmap.plan.sim.predict``, handed to the runner here: the bench's
+machinery imports nothing of ``plan``), with the same configuration on ``--predict``'s
+GPU beside it (spec sheet).
 """
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ def bench(
     address: Optional[str] = typer.Option(None, "--address", help="With --backend ray: "
                                           "an existing Ray cluster (default: start Ray "
                                           "on this machine)."),
+    predict: str = typer.Option("h100-80gb", "--predict", help="Store the simulator's "
+                                "prediction of each workload cell beside it, and of the same "
+                                "cell on this catalogued GPU (spec sheet); 'cpu': no GPU; "
+                                "'none': no prediction."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
@@ -64,7 +73,8 @@ def bench(
               f"-> {escape(str(run_dir))}")
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
-                              address=address, retry_failed=retry_failed)
+                              address=address, retry_failed=retry_failed,
+                              predict=_predictor(predict))
     except ValueError as e:
         typer.echo(f"error: {redact_spec(str(e))}", err=True)
         raise typer.Exit(code=2) from None
@@ -96,6 +106,17 @@ def bench(
             typer.echo(f"trade-off map: {report_path}")
     if result.num_failed or analysis is None:
         raise typer.Exit(code=1)
+
+
+def _predictor(choice: str):
+    """The simulator's cell predictor for ``--predict`` (``plan`` sits above ``bench``:
+    the command, not the runner, brings it in). ValueError for a GPU the catalogue does
+    not know."""
+    from kvmap.plan.catalogue import get_gpu
+    from kvmap.plan.sim.predict import CellPredictor
+    if choice.lower() == "none":
+        return None
+    return CellPredictor(gpu=None if choice.lower() == "cpu" else get_gpu(choice).name)
 
 
 def _tradeoff_map(run_dir: Path, err: Console):

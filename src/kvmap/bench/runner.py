@@ -34,6 +34,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.endpoint_backend import with_endpoints
+from kvmap.bench.predicting_backend import with_predictions
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.bench.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
@@ -96,7 +97,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  console: Console | None = None, retry_failed: bool = False,
                  show_progress: bool = True, command: list[str] | None = None,
                  backend: str | CellBackend = "local", address: str | None = None,
-                 cells: list[CellSpec] | None = None) -> RunResult:
+                 cells: list[CellSpec] | None = None, predict=None) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
@@ -113,6 +114,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     elif isinstance(backend, str):
         backend = make_backend(backend, address)
     backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
+    backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,

@@ -98,9 +98,12 @@ def checklist_table(a: Analysis, config: str | None = None) -> Table:
 
 
 def summary(a: Analysis) -> Group:
+    from kvmap.report.prediction_view import calibration_table, prediction_text
     fragmentation = fragmentation_table(a.run.cells)
+    predicted = calibration_table(a.run)
     return Group(tradeoff_table(a), *([fragmentation] if fragmentation else []),
-                 recommendation_text(a), deployments_text(a), checklist_table(a))
+                 recommendation_text(a), deployments_text(a), prediction_text(a.run),
+                 *([predicted] if predicted else []), checklist_table(a))
 
 
 def constraint_table(a: Analysis) -> Table:

@@ -129,6 +129,37 @@ class StepLoad:
     compress_tokens: float = 0.0   # tokens of sequences a policy compresses (amortized)
 
 
+class KVWork:
+    """What one step asks of the KV configuration's own operators, item by item: decode
+    rows and the tokens they attend, the tokens a policy's attention statistics cover
+    (decode rows, when it asks for them), and the tokens it compresses -- every
+    ``decode_every_steps`` decodes (amortized over them), and a prompt once, by the
+    chunk that completes it. The counts are :class:`~kvmap.plan.sim.costmodel.StepLoad`
+    fields."""
+
+    def __init__(self, policy, block_size: int):
+        self.policy = policy
+        self.every = policy.decode_every_steps(block_size) if policy is not None else 0
+        self.stats = policy is not None and (policy.needs_window_attention
+                                             or policy.needs_accumulated_attention)
+        self.num_decode = self.decode_read_tokens = self.stats_tokens = 0
+        self.compress_tokens = 0.0
+
+    def add(self, decoding: bool, completes_prompt: bool, num_tokens: int) -> None:
+        """One batch item over ``num_tokens`` cached tokens (its new ones included)."""
+        if decoding:
+            self.num_decode += 1
+            self.decode_read_tokens += num_tokens
+            self.stats_tokens += num_tokens if self.stats else 0
+            self.compress_tokens += num_tokens / self.every if self.every else 0.0
+        elif self.policy is not None and completes_prompt:
+            self.compress_tokens += num_tokens
+
+    def counts(self) -> dict:
+        return {"num_decode": self.num_decode, "decode_read_tokens": self.decode_read_tokens,
+                "stats_tokens": self.stats_tokens, "compress_tokens": self.compress_tokens}
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Seconds each resource needs for one step, the step's total and its bottleneck."""

@@ -43,7 +43,7 @@ from kvmap.plan.sim.blocks import BlockStore
 from kvmap.plan.sim.compaction import (CompactedState, compact, compaction_due, file_state,
                                        take_state)
 from kvmap.plan.sim.config import SimConfig
-from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
+from kvmap.plan.sim.costmodel import KVWork, StepLoad, causal_pairs, model_cost, step_cost
 from kvmap.plan.sim.results import SimResult, StepLog, build_result
 from kvmap.plan.sim.state import SimState
 from kvmap.plan.sim.workload import SimRequest
@@ -306,11 +306,8 @@ class Simulator:
 
     # ---- one step ------------------------------------------------------------------
     def _load(self, items: list[tuple[SimState, int]]) -> StepLoad:
-        num_tokens = num_sampled = pairs = read = write = 0
-        streamed_blocks = num_decode = decode_read = stats = 0
-        compress = 0.0
-        policy = self.policy
-        every = policy.decode_every_steps(self.block_size) if policy is not None else 0
+        num_tokens = num_sampled = pairs = read = write = streamed_blocks = 0
+        work = KVWork(self.policy, self.block_size)
         for st, n in items:
             start, end = st.num_computed, st.num_computed + n
             num_tokens += n
@@ -326,22 +323,12 @@ class Simulator:
                 streamed_blocks += st.num_offloaded
             read += hbm_tokens + n
             write += n
-            if start >= st.req.prompt_tokens:          # a decode row
-                num_decode += 1
-                decode_read += hbm_tokens + n
-                if policy is not None:
-                    if policy.needs_window_attention or policy.needs_accumulated_attention:
-                        stats += hbm_tokens + n
-                    if every:                          # a compression every `every` steps
-                        compress += (hbm_tokens + n) / every
-            elif policy is not None and end == st.req.prompt_tokens:
-                compress += end                         # the prompt, compressed once
+            work.add(start >= st.req.prompt_tokens, end == st.req.prompt_tokens, hbm_tokens + n)
         link_bytes = {}
         if streamed_blocks:
             link_bytes[self.store.levels[0].spec.link] = self.store.stream(streamed_blocks)
         return StepLoad(num_tokens, num_sampled, pairs, read, write, link_bytes, len(items),
-                        num_decode=num_decode, decode_read_tokens=decode_read,
-                        stats_tokens=stats, compress_tokens=compress)
+                        **work.counts())
 
     def _step(self, items: list[tuple[SimState, int]]) -> None:
         start_s = self.now_s

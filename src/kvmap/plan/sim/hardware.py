@@ -99,8 +99,7 @@ class Hardware:
         """How far to trust the rates, in words, for every output that uses them."""
         if self.is_spec_sheet:
             return (f"{self.name}: spec sheet x assumed efficiency (compute "
-                    f"{self.compute_efficiency:.0%}, bandwidth {self.bandwidth_efficiency:.0%});"
-                    f" no record from a real device calibrates it")
+                    f"{self.compute_efficiency:.0%}, bandwidth {self.bandwidth_efficiency:.0%})")
         if self.source.startswith("measured"):
             return f"{self.name}: {self.source}"
         return f"{self.name}: rates given by hand"

@@ -78,3 +78,5 @@ class KVCosts:
 def bytes_only(spec: str) -> KVCosts:
     """A GPU whose attention kernels read the codec's bytes and decode in registers."""
     return KVCosts(spec=spec, source="assumed: bytes only (fused kernels)")
+
+
