@@ -15,6 +15,9 @@ torch.set_num_threads(2)
 # bench runs in tests do not measure the cells' OpenMP wait policy (seconds each run):
 # they get PASSIVE, safe on a shared machine; tests/test_hardware.py measures it once
 os.environ.setdefault("KVMAP_CELL_OMP_WAIT_POLICY", "PASSIVE")
+# nor the simulator's probes for each cell's prediction (kvmap bench --predict): the quick
+# run below predicts (the browser test reads its verdicts); tests/plan test the predictor
+os.environ.setdefault("KVMAP_BENCH_PREDICT", "none")
 
 
 def make_tiny_llm(**kwargs):
@@ -56,8 +59,8 @@ def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProces
     out, saved = base / "kvmap-bench-quick", base / "kvmap-bench-quick.json"
     if not saved.exists():
         proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
-                               str(out), "--json"], capture_output=True, text=True,
-                              timeout=900)
+                               str(out), "--json", "--predict", "h100-80gb"],
+                              capture_output=True, text=True, timeout=900)
         saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
                                      "stderr": proc.stderr}))
     done = json.loads(saved.read_text())

@@ -44,10 +44,10 @@ def bench(
     address: Optional[str] = typer.Option(None, "--address", help="With --backend ray: "
                                           "an existing Ray cluster (default: start Ray "
                                           "on this machine)."),
-    predict: str = typer.Option("h100-80gb", "--predict", help="Store the simulator's "
-                                "prediction of each workload cell beside it, and of the same "
-                                "cell on this catalogued GPU (spec sheet); 'cpu': no GPU; "
-                                "'none': no prediction."),
+    predict: str = typer.Option("h100-80gb", "--predict", envvar="KVMAP_BENCH_PREDICT",
+                                help="Store the simulator's prediction of each workload cell "
+                                "beside it, and of the same cell on this catalogued GPU (spec "
+                                "sheet); 'cpu': no GPU; 'none': no prediction."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
