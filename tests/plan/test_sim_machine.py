@@ -118,3 +118,37 @@ def test_ridge_is_where_the_products_outrun_the_weight_stream():
         return k * (mc.dense_flops_per_token + mc.lm_head_flops) / (
             hw.compute_flops * hw.curve_efficiency(k))
     assert compute_s(n) >= read_s > compute_s(n - 1)
+
+
+def test_this_machine_caches_its_probes_until_the_profile_is_measured_again(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from kvmap.model.shapes import get_shape
+    from kvmap.plan.sim import calibrate, kv_probes, machine
+    monkeypatch.setenv("KVMAP_CACHE_DIR", str(tmp_path))
+    profile = SimpleNamespace(fingerprint="f1", machine_class="x86-test",
+                              rates={**RATES, "measured_at": "t0"},
+                              cpu=SimpleNamespace(num_threads=2),
+                              auto_dtype=lambda device: "fp32")
+    monkeypatch.setattr(machine, "_profile", lambda threads, refresh=False: profile)
+    calls = []
+    monkeypatch.setattr(calibrate, "measure_overheads",
+                        lambda dtype: calls.append(("overheads", dtype)) or OVERHEADS)
+    probe = {"read_s": 1e-7, "prefill_read_s": 0.0, "write_s": 0.0, "stats_s": 0.0,
+             "compress_s": 0.0, "step_s": 3e-5, "seq_s": 1e-6}
+    monkeypatch.setattr(kv_probes, "measure_kv_costs",
+                        lambda spec, *a: calls.append(spec) or
+                        {**probe, "step_s": 1e-5 if spec == "fp32" else 3e-5})
+    hw = machine.this_machine("auto", 2)
+    assert hw.compute_dtype == "fp32" and "x86-test" in hw.label
+    costs = machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
+    # the fixed costs beyond the plain fp32 codec's, which the overheads already hold
+    assert costs.step_s == pytest.approx(2e-5) and costs.seq_s == 0 and costs.read_s == 1e-7
+    assert calls == [("overheads", "fp32"), "int8", "fp32"]
+    machine.this_machine("auto", 2)
+    machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
+    assert len(calls) == 3                       # read from the cache
+    profile.rates = {**RATES, "measured_at": "t1"}   # kvmap hw --refresh
+    machine.this_machine("auto", 2)
+    assert calls[3:] == [("overheads", "fp32")]

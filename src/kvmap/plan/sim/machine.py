@@ -11,7 +11,7 @@ hw``; cached per machine fingerprint, so per thread count too):
   decode step's products read (``memory_bandwidth``; lower than a plain read stream).
 
 What needs the engine stays here, measured once per machine and cached the same way
-(``<cache>/sim/<fingerprint>.json``): the per-operator overheads of a step
+(``<cache>/sim/<fingerprint>.json``, measured again after ``kvmap hw --refresh``): the per-operator overheads of a step
 (:func:`kvmap.plan.sim.calibrate.measure_overheads`, per dtype) and each KV
 configuration's costs at a model's geometry (:mod:`kvmap.plan.sim.kv_probes`, per dtype
 and geometry), the codec's fixed costs taken beyond those of the plain codec the
@@ -87,47 +87,54 @@ def _cache_path(fingerprint: str) -> Path:
     return cache_dir() / "sim" / f"{fingerprint}.json"
 
 
-def _load(fingerprint: str) -> dict:
+def _load(fingerprint: str, measured_at: str | None) -> dict:
+    """The machine's simulator figures, or {} when they are absent, corrupt, another
+    machine's, or older than its profile (``kvmap hw --refresh`` measures them again)."""
     try:
         data = json.loads(_cache_path(fingerprint).read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) and data.get("fingerprint") == fingerprint else {}
+    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint \
+            or data.get("profile_measured_at") != measured_at:
+        return {}
+    return data
 
 
-def _save(fingerprint: str, data: dict) -> None:
+def _save(fingerprint: str, measured_at: str | None, data: dict) -> None:
     path = _cache_path(fingerprint)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**data, "fingerprint": fingerprint}, indent=1))
+        tmp.write_text(json.dumps({**data, "fingerprint": fingerprint,
+                                   "profile_measured_at": measured_at}, indent=1))
         tmp.replace(path)
     except OSError:
         pass                         # a read-only home still gets its figures
 
 
-def _cached(fingerprint: str, keys: tuple[str, ...], measure, refresh: bool = False):
+def _cached(hw_profile, keys: tuple[str, ...], measure, refresh: bool = False):
     """The value at ``keys`` in the machine's simulator cache, measured (and stored)
     when absent or ``refresh``."""
-    data = _load(fingerprint)
-    node = data
+    fingerprint = hw_profile.fingerprint
+    measured_at = (hw_profile.rates or {}).get("measured_at")
+    node = _load(fingerprint, measured_at)
     for key in keys[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
     if not refresh and isinstance(node, dict) and keys[-1] in node:
         return node[keys[-1]]
     value = measure()
-    data = _load(fingerprint)                  # another process may have added figures
+    data = _load(fingerprint, measured_at)      # another process may have added figures
     node = data
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
-    _save(fingerprint, data)
+    _save(fingerprint, measured_at, data)
     return value
 
 
-def _profile(num_threads: int | None):
+def _profile(num_threads: int | None, refresh: bool = False):
     from kvmap.hardware import profile
-    return profile(num_threads=num_threads)
+    return profile(refresh=refresh, num_threads=num_threads)
 
 
 def resolve(dtype: str, hw_profile) -> str:
@@ -137,14 +144,15 @@ def resolve(dtype: str, hw_profile) -> str:
 def this_machine(dtype: str = "auto", num_threads: int | None = None,
                  refresh: bool = False) -> Hardware:
     """This machine as simulator hardware: its profile's rates (measured now when not
-    cached) and its engine's step overheads in ``dtype`` (``auto``: the profile's)."""
+    cached) and its engine's step overheads in ``dtype`` (``auto``: the profile's);
+    ``refresh``: both measured now."""
     import psutil
 
     from kvmap.plan.sim.calibrate import measure_overheads
-    hw_profile = _profile(num_threads)
+    hw_profile = _profile(num_threads, refresh)
     dtype = resolve(dtype, hw_profile)
     threads = hw_profile.cpu.num_threads
-    overheads = _cached(hw_profile.fingerprint, ("overheads", dtype),
+    overheads = _cached(hw_profile, ("overheads", dtype),
                         lambda: _with_threads(threads, lambda: measure_overheads(dtype)),
                         refresh)
     return hardware_from_rates(
@@ -172,7 +180,7 @@ def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | No
     threads = hw_profile.cpu.num_threads
 
     def measured(s: str) -> dict:
-        return _cached(hw_profile.fingerprint, ("kv_costs", geometry, dtype, s),
+        return _cached(hw_profile, ("kv_costs", geometry, dtype, s),
                        lambda: measure_kv_costs(s, c.num_heads, c.num_kv_heads, c.head_dim,
                                                 torch_dtype, threads), refresh)
     return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype)
