@@ -63,6 +63,40 @@ def test_a_cell_predicted_on_given_hardware():
         "skipped": "no request of the cell finished with token counts"}
 
 
+def test_the_kv_specs_tiers_are_simulated_as_given_and_as_presets_on_a_gpu():
+    from dataclasses import replace
+
+    from kvmap.plan.sim.hardware import TIER_PRESETS, Tier
+    cell, record, rows = cell_and_record()
+    cell = replace(cell, kv="int8 + tiers(host=1MiB, disk=4MiB)")
+    given = (Tier("host", 2**20, bandwidth=1e8, latency_s=0.0, link="host tier"),
+             Tier("disk", 4 * 2**20, bandwidth=5e7, latency_s=0.0, link="disk tier"))
+    out = predict(cell, record, rows, HW, None, gpu="h100-80gb", tiers=given)
+    assert out["approximations"] == ["the tiered store's fetch-or-recompute rule: every "
+                                      "block found in a tier is fetched"]
+    assert predict_mod.gpu_tiers(given) == (
+        Tier("host", 2**20, **TIER_PRESETS["host"]), Tier("disk", 4 * 2**20,
+                                                         **TIER_PRESETS["nvme"]))
+    bare = predict(cell, record, rows, HW, None, gpu=None)
+    assert "tiers of the KV spec not simulated (the pool only)" in bare["approximations"]
+
+
+def test_tier_probe_moves_one_serialized_block():
+    import torch
+
+    from kvmap.kv.config import KVConfig
+    from kvmap.kv.spec import KVGeometry
+    from kvmap.kv.tiers.serde import encode_block
+    from kvmap.plan.sim.kv_probes import measure_tier_block
+    moved = measure_tier_block("host", "int8", 2, 2, 16, torch.float32, repeats=1)
+    store = KVConfig.parse("int8").codec.allocate(1, KVGeometry(1, 2, 16, 16), "cpu",
+                                                  torch.float32)
+    assert moved["block_bytes"] == len(encode_block([store.block_to_bytes(0)] * 2))
+    assert moved["read_s"] > 0 and moved["write_s"] > 0
+    with pytest.raises(ValueError, match="tier 'redis': the probe measures host, disk"):
+        measure_tier_block("redis", "int8", 2, 2, 16, torch.float32)
+
+
 def test_predictor_skips_a_cell_of_another_machine_and_reports_errors(monkeypatch):
     cell, record, rows = cell_and_record()
     predictor = CellPredictor(gpu=None)
@@ -124,3 +158,4 @@ def _no_probe(monkeypatch):
         raise AssertionError("a probe ran")
     monkeypatch.setattr(machine, "this_machine", refuse)
     monkeypatch.setattr(machine, "kv_costs", refuse)
+    monkeypatch.setattr(machine, "tiers", refuse)

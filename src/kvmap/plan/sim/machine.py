@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-from kvmap.plan.sim.hardware import Hardware
+from kvmap.plan.sim.hardware import Hardware, Tier
 from kvmap.plan.sim.kvcost import KVCosts
 
 THIS_MACHINE = "cpu-this-machine"
@@ -184,6 +184,38 @@ def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | No
                        lambda: measure_kv_costs(s, c.num_heads, c.num_kv_heads, c.head_dim,
                                                 torch_dtype, threads), refresh)
     return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype)
+
+
+def tiers(spec: str, model_config, dtype: str = "auto", num_threads: int | None = None,
+          refresh: bool = False) -> tuple[Tier, ...]:
+    """The tiers of KV spec ``spec`` (``tiers(host=..., disk=...)``) as this machine moves
+    blocks through them: one pool block's read back (get + decode) per second as the
+    bandwidth (:func:`kv_probes.measure_tier_block`); () without tiers."""
+    import torch
+
+    from kvmap.kv.config import KVConfig
+    from kvmap.plan.sim.kv_probes import measure_tier_block
+    hw_profile = _profile(num_threads)
+    dtype = resolve(dtype, hw_profile)
+    kv = KVConfig.parse(spec, dtype=dtype)
+    if kv.tiers is None:
+        return ()
+    c = model_config
+    torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16",
+                                  "fp16": "float16"}[dtype])
+    out = []
+    for level in kv.tiers.levels:
+        codec = level.codec or str(kv.codec)
+        geometry = f"layers={c.num_layers},kv_heads={c.num_kv_heads},head_dim={c.head_dim}"
+        moved = _cached(hw_profile, ("tiers", geometry, dtype, level.name, codec),
+                        lambda: _with_threads(hw_profile.cpu.num_threads, lambda: (
+                            measure_tier_block(level.name, codec, c.num_layers,
+                                               c.num_kv_heads, c.head_dim, torch_dtype))),
+                        refresh)
+        out.append(Tier(name=level.name, capacity_bytes=level.capacity_bytes,
+                        bandwidth=moved["block_bytes"] / moved["read_s"], latency_s=0.0,
+                        link=f"{level.name} tier"))
+    return tuple(out)
 
 
 def _with_threads(num_threads: int, fn):

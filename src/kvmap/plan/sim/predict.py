@@ -73,9 +73,10 @@ def summarize(result) -> dict:
             "concurrency_mean": result.kv["mean_running"]}
 
 
-def sim_config(cell, record: dict, hw: Hardware, kv_costs, name: str) -> SimConfig:
+def sim_config(cell, record: dict, hw: Hardware, kv_costs, name: str,
+               tiers: tuple = ()) -> SimConfig:
     """The cell's configuration on ``hw``: its pool to the block (``num_kv_blocks`` of
-    the record), its engine settings and weights."""
+    the record), its engine settings and weights, the KV spec's ``tiers`` as given."""
     from kvmap.kv.config import KVConfig
     from kvmap.kv.spec import KVGeometry
     from kvmap.model.loader import model_config_of
@@ -94,17 +95,18 @@ def sim_config(cell, record: dict, hw: Hardware, kv_costs, name: str) -> SimConf
                                           ("fp32", "bf16") else "bf16")
     return SimConfig(name=name, model=PlanModel(config), hardware=hw, kv=kv,
                      workload=cell.workload.spec(cell.seed), weights=weights,
-                     engine=engine, kv_costs=kv_costs)
+                     engine=engine, kv_costs=kv_costs, tiers=tiers)
 
 
 def predict(cell, record: dict, rows: list[dict], hw: Hardware, kv_costs,
-            gpu: str | None = DEFAULT_GPU) -> dict:
-    """The prediction of one cell on ``hw`` (see the module docstring)."""
+            gpu: str | None = DEFAULT_GPU, tiers: tuple = ()) -> dict:
+    """The prediction of one cell on ``hw`` (see the module docstring); ``tiers``: the
+    KV spec's tiers as this machine moves blocks (:func:`machine.tiers`)."""
     from kvmap.plan.sim import simulate
     requests = requests_from_rows(rows)
     if not requests:
         return {"skipped": "no request of the cell finished with token counts"}
-    config = sim_config(cell, record, hw, kv_costs, cell.cell_id)
+    config = sim_config(cell, record, hw, kv_costs, cell.cell_id, tiers)
     result = simulate(config, requests)
     mc = model_cost(config.model, config.kv, hw, config.engine.block_size, config.weights,
                     kv_costs)
@@ -124,12 +126,21 @@ def predict(cell, record: dict, rows: list[dict], hw: Hardware, kv_costs,
         gpu_config = replace(config, hardware=gpu_hw, name=f"{cell.cell_id}@{gpu}",
                              weights="bf16" if config.weights == "fp32" else config.weights,
                              kv=KVConfig.parse(cell.kv, dtype="bf16"),
-                             kv_costs=bytes_only(cell.kv))
+                             kv_costs=bytes_only(cell.kv), tiers=gpu_tiers(config.tiers))
         gpu_result = simulate(gpu_config, requests)
         out["gpu"] = {"name": gpu_hw.name, "hardware": gpu_hw.label,
                       "metrics": summarize(gpu_result),
                       "bound_share": dict(gpu_result.bound_share)}
     return out
+
+
+def gpu_tiers(tiers: tuple) -> tuple:
+    """The same tiers below a GPU: host RAM over PCIe, a disk as an NVMe drive
+    (``TIER_PRESETS``), their capacities kept."""
+    from kvmap.plan.sim.hardware import TIER_PRESETS, Tier
+    preset = {"host": "host", "disk": "nvme"}
+    return tuple(Tier(name=t.name, capacity_bytes=t.capacity_bytes,
+                      **TIER_PRESETS[preset.get(t.name, "network")]) for t in tiers)
 
 
 def approximations(cell, config: SimConfig) -> list[str]:
@@ -138,8 +149,11 @@ def approximations(cell, config: SimConfig) -> list[str]:
     if cell.model.quantization:
         notes.append(f"{cell.model.quantization} weights: their bytes counted, their "
                      f"kernels timed at the dense compute curve")
-    if config.kv.tiers is not None:
+    if config.kv.tiers is not None and not config.tiers:
         notes.append("tiers of the KV spec not simulated (the pool only)")
+    if config.kv.tiers is not None and config.kv.tiers.fetch != "always":
+        notes.append("the tiered store's fetch-or-recompute rule: every block found in a "
+                     "tier is fetched")
     return notes
 
 
@@ -173,7 +187,8 @@ class CellPredictor:
             from kvmap.model.loader import model_config_of
             config = model_config_of(cell.model.name, cell.model.dtype)
             costs = machine.kv_costs(cell.kv, config, cell.model.dtype, threads)
-            return predict(cell, record, rows, hw, costs, self.gpu)
+            tiers = machine.tiers(cell.kv, config, cell.model.dtype, threads)
+            return predict(cell, record, rows, hw, costs, self.gpu, tiers)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
 
