@@ -108,15 +108,14 @@ def test_scenario_kv_costs_by_hand_and_bad_ones():
         KVCosts("x", read_s=-1)
 
 
-def test_ridge_is_where_the_products_outrun_the_weight_stream():
+def test_ridge_is_where_the_products_at_peak_outrun_the_weight_stream():
     hw = machine()
     mc = model_cost(MODEL, KVConfig.parse("fp32"), hw, weights="fp32")
     n = ridge_num_seqs(mc, hw)
     read_s = mc.weight_bytes / hw.memory_bandwidth
 
     def compute_s(k):
-        return k * (mc.dense_flops_per_token + mc.lm_head_flops) / (
-            hw.compute_flops * hw.curve_efficiency(k))
+        return k * (mc.dense_flops_per_token + mc.lm_head_flops) / hw.compute_flops
     assert compute_s(n) >= read_s > compute_s(n - 1)
 
 

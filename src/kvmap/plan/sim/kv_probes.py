@@ -4,7 +4,7 @@ a model's geometry: the codec's write and read and the policy's scoring
 
 One layer of the engine's attention (``kvmap.model.attention.paged_attention``) over a
 store the codec allocated (``kvmap.kv.codecs``), with ``B`` decode rows of ``L`` cached
-tokens each, is timed at four (B, L) points and fitted as::
+tokens each, is timed at nine (B, L) points and fitted (least squares) as::
 
     t(B, L) = step_s + B x seq_s + B x L x read_s        (per layer, per decode step)
 
@@ -37,12 +37,12 @@ import torch
 from kvmap.kv.config import KVConfig
 from kvmap.kv.spec import KVGeometry
 
-DECODE_POINTS = ((1, 64), (1, 512), (16, 64), (16, 512))
+DECODE_POINTS = tuple((b, n) for b in (1, 4, 16) for n in (64, 256, 512))
 PREFILL_TOKENS = (64, 1024)
 BLOCK_SIZE = 16
 
 
-SAMPLE_S = 0.004        # each sample repeats a probe for at least this long
+SAMPLE_S = 0.002        # each sample repeats a probe for at least this long
 
 
 def _time(fn, calls: int) -> float:
@@ -54,11 +54,13 @@ def _time(fn, calls: int) -> float:
 
 
 def _fit_decode(times: dict[tuple[int, int], float]) -> tuple[float, float, float]:
-    """Least squares of ``t = a + b B + c B L`` over the probe points -> (a, b, c),
-    each clipped at 0 (a negative fixed cost is noise, not a refund)."""
-    rows = torch.tensor([[1.0, b, b * l] for b, l in times], dtype=torch.float64)
+    """Least squares of ``t = a + b B + c B L`` over the probe points, in relative terms
+    (each point weighted by 1 / t, so the small points that fix ``a`` count as much as
+    the large ones that fix ``c``) -> (a, b, c), each clipped at 0 (a negative fixed cost
+    is noise, not a refund)."""
     t = torch.tensor(list(times.values()), dtype=torch.float64)[:, None]
-    a, b, c = torch.linalg.lstsq(rows, t).solution[:, 0].tolist()
+    rows = torch.tensor([[1.0, b, b * l] for b, l in times], dtype=torch.float64) / t
+    a, b, c = torch.linalg.lstsq(rows, torch.ones_like(t)).solution[:, 0].tolist()
     return max(0.0, a), max(0.0, b), max(0.0, c)
 
 
@@ -136,7 +138,7 @@ class _LayerBench:
 
 
 def measure_kv_costs(spec: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                     dtype: torch.dtype, num_threads: int, repeats: int = 5) -> dict:
+                     dtype: torch.dtype, num_threads: int, repeats: int = 9) -> dict:
     """Per-layer seconds of KV configuration ``spec`` at this geometry (see the module
     docstring): ``{"step_s", "seq_s", "read_s", "prefill_read_s", "write_s", "stats_s",
     "compress_s"}`` plus ``decode_points_s`` (the raw probe times)."""

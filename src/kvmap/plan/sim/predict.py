@@ -20,6 +20,7 @@ record says why (``{"skipped": ...}``). A failure of the simulation never fails 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from kvmap.plan.catalogue import PlanModel
@@ -49,16 +50,13 @@ def requests_from_rows(rows: list[dict]) -> list[SimRequest]:
 
 
 def ridge_num_seqs(mc, hw: Hardware) -> int | None:
-    """The smallest decode batch at which the step's matrix products take longer to
-    compute than to read the weights (None: not within ``MAX_RIDGE_SEQS``)."""
+    """The decode batch at which the step's matrix products, at the machine's peak rate,
+    take as long as reading the weights once: past it a step is compute-bound (None:
+    beyond ``MAX_RIDGE_SEQS``)."""
     read_s = mc.weight_bytes_per_device / hw.effective_bandwidth
-    n = 1
-    while n <= MAX_RIDGE_SEQS:
-        flops = n * mc.dense_flops_per_token + n * mc.lm_head_flops
-        if flops / (hw.effective_flops * hw.curve_efficiency(n)) >= read_s:
-            return n
-        n += 1 if n < 64 else n // 8
-    return None
+    per_seq_s = (mc.dense_flops_per_token + mc.lm_head_flops) / hw.effective_flops
+    n = math.ceil(read_s / per_seq_s)
+    return n if n <= MAX_RIDGE_SEQS else None
 
 
 def summarize(result) -> dict:
