@@ -98,6 +98,50 @@ def run_engine(llm: LLM, requests) -> dict:
     return aggregate(outs, duration_s=time.perf_counter() - t0)
 
 
+def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
+    """The memory-bound run (``memory_bound.run``'s loop) with each step timed and told
+    apart: a step of decodes only, or one with a prefill chunk in it."""
+    engine, most, schedule = llm.engine, 0, llm.engine.scheduler.schedule
+    kinds: list[bool] = []
+
+    def spy():
+        batch = schedule()
+        kinds.append(all(n == 1 and r.num_computed_tokens >= r.num_prompt_tokens
+                         for r, n in batch.items))
+        return batch
+    engine.scheduler.schedule = spy
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    times = []
+    t0 = time.perf_counter()
+    try:
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+            most = max(most, len(engine.scheduler.running))
+    finally:
+        engine.scheduler.schedule = schedule
+    elapsed = time.perf_counter() - t0
+    for r in reqs:
+        engine.pop_finished(r.request_id)
+    decode = [t for t, d in zip(times, kinds) if d]
+    return {"tok_s": len(prompts) * new_tokens / elapsed, "most": most,
+            "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode),
+            "num_decode_steps": len(decode)}
+
+
+def sim_phases(config: SimConfig, requests) -> tuple:
+    """(result, seconds of decode-only steps, of steps with a prefill chunk) simulated."""
+    from kvmap.plan.sim.engine import Simulator
+    sim = Simulator(config, requests)
+    result = sim.run()
+    steps = sim.steps
+    decode = sum(t for t, n, d in zip(steps.total_s, steps.num_seqs, steps.num_decode)
+                 if n == d)
+    return result, decode, sum(steps.total_s) - decode
+
+
 def bound(args) -> list[dict]:
     """Section 4 of the module docstring: one row per KV spec."""
     num = 32 if args.quick else 64
@@ -124,7 +168,8 @@ def bound(args) -> list[dict]:
         for kv, llm in llms.items():
             before = speed_probe_s()
             load = os.getloadavg()[0]
-            tok_s, most = run_bound(llm, prompts, BOUND_OUTPUT_TOKENS)
+            measured = timed_run(llm, prompts, BOUND_OUTPUT_TOKENS)
+            tok_s, most = measured["tok_s"], measured["most"]
             factor = probe_at_measure / ((before + speed_probe_s()) / 2)
             config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
                                hardware=scaled(hw, factor),
@@ -133,17 +178,24 @@ def bound(args) -> list[dict]:
                                engine=EngineSettings(block_size=16, max_num_seqs=num,
                                                      max_num_batched_tokens=512,
                                                      kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
-            sim = simulate(config, sim_requests)
+            sim, sim_decode_s, sim_prefill_s = sim_phases(config, sim_requests)
             unscaled = simulate(replace(config, hardware=hw, kv_costs=costs[kv]), sim_requests)
             runs[kv].append({"engine": tok_s, "simulated": sim.metrics["output_tokens_per_s"],
+                             "engine_decode_s": measured["decode_s"],
+                             "engine_prefill_s": measured["prefill_s"],
+                             "simulated_decode_s": sim_decode_s,
+                             "simulated_prefill_s": sim_prefill_s,
                              "simulated_unscaled": unscaled.metrics["output_tokens_per_s"],
                              "engine_max_running": most,
                              "simulated_max_running": sim.kv["max_running"],
                              "simulated_time_s": dict(sim.time_s), "speed_factor": factor,
                              "load_average": (load, os.getloadavg()[0])})
-            print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running), simulated "
-                  f"{runs[kv][-1]['simulated']:.1f} ({sim.kv['max_running']} running), load "
-                  f"{load:.1f}, speed factor {factor:.2f}", flush=True)
+            print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running; decode steps "
+                  f"{measured['decode_s']:.1f} s, steps with prefill "
+                  f"{measured['prefill_s']:.1f} s), simulated "
+                  f"{runs[kv][-1]['simulated']:.1f} ({sim.kv['max_running']} running; "
+                  f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s), load {load:.1f}, speed "
+                  f"factor {factor:.2f}", flush=True)
     base = BOUND_SPECS[0]
     rows = []
     for kv in BOUND_SPECS:
@@ -161,6 +213,10 @@ def bound(args) -> list[dict]:
                      "ratio_to_bf16_simulated": statistics.median(
                          r["simulated"] / b["simulated"] for r, b in zip(per, runs[base])),
                      "ratio_error": statistics.median(ratio_errors), "target": ERROR_TARGET,
+                     "decode_steps_error": statistics.median(
+                         r["simulated_decode_s"] / r["engine_decode_s"] - 1 for r in per),
+                     "prefill_steps_error": statistics.median(
+                         r["simulated_prefill_s"] / r["engine_prefill_s"] - 1 for r in per),
                      "met": abs(statistics.median(errors)) <= ERROR_TARGET,
                      "engine_max_running": per[-1]["engine_max_running"],
                      "simulated_max_running": per[-1]["simulated_max_running"]})
@@ -171,12 +227,13 @@ def print_bound(rows: list[dict]) -> None:
     print(f"\nmemory-bound scenario (72 MiB pool, closed loop): predicted against measured "
           f"(target within {ERROR_TARGET:.0%})")
     print(f"{'kv':<28} {'engine':>8} {'simulated':>10} {'error':>7} {'x bf16 meas':>12} "
-          f"{'x bf16 pred':>12} {'running':>10}")
+          f"{'x bf16 pred':>12} {'running':>10} {'decode steps':>13} {'prefill steps':>14}")
     for r in rows:
         print(f"{r['kv']:<28} {r['engine_output_tokens_per_s']:>8.1f} "
               f"{r['simulated_output_tokens_per_s']:>10.1f} {r['error']:>+7.1%} "
               f"{r['ratio_to_bf16_engine']:>12.2f} {r['ratio_to_bf16_simulated']:>12.2f} "
-              f"{r['engine_max_running']:>4} / {r['simulated_max_running']:<4}")
+              f"{r['engine_max_running']:>4} / {r['simulated_max_running']:<4} "
+              f"{r['decode_steps_error']:>+13.0%} {r['prefill_steps_error']:>+14.0%}")
 
 
 def main() -> None:

@@ -139,8 +139,10 @@ def test_cli_json_and_table(tmp_path):
         assert r["num_finished"] + r["num_rejected"] == 16
         assert set(r["tiers"]) == {"host", "nvme"}
         assert abs(sum(r["bound_share"].values()) - 1) < 1e-9
+        assert "spec sheet x assumed efficiency" in r["config"]["hardware_label"]
     table = runner.invoke(_app(), ["simulate", str(path)])
     assert table.exit_code == 0 and "bottleneck over time" in table.output
+    assert "spec sheet x assumed efficiency" in table.output
 
 
 def test_cli_errors_exit_2(tmp_path):

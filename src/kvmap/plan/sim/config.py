@@ -97,7 +97,7 @@ class SimConfig:
         hw = self.hardware
         return {
             "name": self.name, "model": self.model.name, "weights": self.weights,
-            "hardware": dict(hw.__dict__), "kv": self.kv.spec,
+            "hardware": dict(hw.__dict__), "hardware_label": hw.label, "kv": self.kv.spec,
             "tiers": [dict(t.__dict__) for t in self.tiers], "eviction": self.eviction,
             "prefetch": self.prefetch, "engine": dict(self.engine.__dict__),
             "kv_costs": None if self.kv_costs is None else self.kv_costs.to_dict(),
