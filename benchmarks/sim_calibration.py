@@ -55,6 +55,8 @@ from kvmap.plan.catalogue import PlanModel  # noqa: E402
 from kvmap.plan.sim import EngineSettings, SimConfig, simulate  # noqa: E402
 from kvmap.plan.sim import machine  # noqa: E402
 from kvmap.plan.sim.calibrate import scaled, scaled_costs, speed_probe_s  # noqa: E402
+from kvmap.plan.sim.costmodel import (KVWork, StepLoad, causal_pairs, model_cost,  # noqa: E402
+                                      step_cost)
 from kvmap.plan.sim.workload import requests_from_workload  # noqa: E402
 from kvmap.workloads.presets import build_requests, get_preset  # noqa: E402
 from kvmap.workloads.arrivals import ClosedLoop  # noqa: E402
@@ -100,14 +102,27 @@ def run_engine(llm: LLM, requests) -> dict:
 
 def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
     """The memory-bound run (``memory_bound.run``'s loop) with each step timed and told
-    apart: a step of decodes only, or one with a prefill chunk in it."""
+    apart -- decodes only, or with a prefill chunk -- and its load counted as the
+    simulator counts one (``loads``: :class:`StepLoad` per step), so the cost model can be
+    checked step by step, apart from the scheduling."""
     engine, most, schedule = llm.engine, 0, llm.engine.scheduler.schedule
-    kinds: list[bool] = []
+    policy = llm.engine.kv_config.policy
+    loads: list[StepLoad] = []
 
     def spy():
         batch = schedule()
-        kinds.append(all(n == 1 and r.num_computed_tokens >= r.num_prompt_tokens
-                         for r, n in batch.items))
+        work = KVWork(policy, llm.engine.kv.block_size)
+        tokens = pairs = read = 0
+        for r, n in batch.items:
+            start, held = r.num_computed_tokens, r.num_kv_slots
+            tokens += n
+            pairs += causal_pairs(start, start + n) if policy is None else \
+                n * held + n * (n + 1) // 2
+            read += held + n
+            work.add(start >= r.num_prompt_tokens, start + n == r.num_prompt_tokens, held + n)
+        sampled = sum(r.num_computed_tokens + n >= r.num_prompt_tokens for r, n in batch.items)
+        loads.append(StepLoad(tokens, sampled, pairs, read, tokens, {}, len(batch.items),
+                              **work.counts()))
         return batch
     engine.scheduler.schedule = spy
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -125,10 +140,23 @@ def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
     elapsed = time.perf_counter() - t0
     for r in reqs:
         engine.pop_finished(r.request_id)
-    decode = [t for t, d in zip(times, kinds) if d]
-    return {"tok_s": len(prompts) * new_tokens / elapsed, "most": most,
-            "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode),
-            "num_decode_steps": len(decode)}
+    decode = [t for t, load in zip(times, loads) if load.num_decode == load.num_seqs]
+    return {"tok_s": len(prompts) * new_tokens / elapsed, "most": most, "times": times,
+            "loads": loads, "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode)}
+
+
+def step_errors(measured: dict, config: SimConfig) -> dict:
+    """The cost model on the engine's own steps: predicted over measured seconds of the
+    decode-only steps and of the steps with a prefill chunk (the scheduling left out)."""
+    mc = model_cost(config.model, config.kv, config.hardware, 16, config.weights,
+                    config.kv_costs)
+    sums = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}
+    for t, load in zip(measured["times"], measured["loads"]):
+        if load.num_tokens:
+            kind = "decode" if load.num_decode == load.num_seqs else "prefill"
+            sums[kind][0] += step_cost(mc, config.hardware, load).total_s
+            sums[kind][1] += t
+    return {f"{k}_step_model_error": (p / m - 1 if m else None) for k, (p, m) in sums.items()}
 
 
 def sim_phases(config: SimConfig, requests) -> tuple:
@@ -149,9 +177,13 @@ def bound(args) -> list[dict]:
                    prompt_len=Uniform(180, 220),
                    output_len=Uniform(BOUND_OUTPUT_TOKENS, BOUND_OUTPUT_TOKENS),
                    arrival=ClosedLoop(num))
+    # no prefix caching: the repeats send the same prompts, and a pool that kept them
+    # (int4's holds them all) would skip their prefill on the next repeat
     llms = {kv: LLM(dtype="auto", kv=kv, kv_memory=BOUND_KV_MEMORY, max_num_seqs=num,
-                    max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
-            for kv in BOUND_SPECS}
+                    max_num_batched_tokens=512, num_threads=args.threads, device="cpu",
+                    enable_prefix_caching=False)
+            for kv in args.kv.split(",")}
+    specs = list(llms)
     first = next(iter(llms.values()))
     requests = build_requests(spec, first.tokenizer)
     prompts = [first.encode(r.prompt) for r in requests]
@@ -161,9 +193,9 @@ def bound(args) -> list[dict]:
         run_bound(llm, prompts[:2], 4)
     hw = machine.this_machine("auto", args.threads, refresh=True)
     costs = {kv: machine.kv_costs(kv, first.model_config, "auto", args.threads, refresh=True)
-             for kv in BOUND_SPECS}
+             for kv in specs}
     probe_at_measure = speed_probe_s()
-    runs: dict[str, list[dict]] = {kv: [] for kv in BOUND_SPECS}
+    runs: dict[str, list[dict]] = {kv: [] for kv in specs}
     for _ in range(args.repeats):
         for kv, llm in llms.items():
             before = speed_probe_s()
@@ -177,10 +209,12 @@ def bound(args) -> list[dict]:
                                kv_costs=scaled_costs(costs[kv], factor),
                                engine=EngineSettings(block_size=16, max_num_seqs=num,
                                                      max_num_batched_tokens=512,
+                                                     enable_prefix_caching=False,
                                                      kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
             sim, sim_decode_s, sim_prefill_s = sim_phases(config, sim_requests)
             unscaled = simulate(replace(config, hardware=hw, kv_costs=costs[kv]), sim_requests)
             runs[kv].append({"engine": tok_s, "simulated": sim.metrics["output_tokens_per_s"],
+                             **step_errors(measured, config),
                              "engine_decode_s": measured["decode_s"],
                              "engine_prefill_s": measured["prefill_s"],
                              "simulated_decode_s": sim_decode_s,
@@ -194,11 +228,13 @@ def bound(args) -> list[dict]:
                   f"{measured['decode_s']:.1f} s, steps with prefill "
                   f"{measured['prefill_s']:.1f} s), simulated "
                   f"{runs[kv][-1]['simulated']:.1f} ({sim.kv['max_running']} running; "
-                  f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s), load {load:.1f}, speed "
-                  f"factor {factor:.2f}", flush=True)
-    base = BOUND_SPECS[0]
+                  f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s; the cost model on the "
+                  f"engine's steps: decode {runs[kv][-1]['decode_step_model_error']:+.0%}, "
+                  f"with prefill {runs[kv][-1]['prefill_step_model_error']:+.0%}), load "
+                  f"{load:.1f}, speed factor {factor:.2f}", flush=True)
+    base = specs[0]
     rows = []
-    for kv in BOUND_SPECS:
+    for kv in specs:
         per = runs[kv]
         errors = [r["simulated"] / r["engine"] - 1 for r in per]
         ratio_errors = [(r["simulated"] / b["simulated"]) / (r["engine"] / b["engine"]) - 1
@@ -217,6 +253,8 @@ def bound(args) -> list[dict]:
                          r["simulated_decode_s"] / r["engine_decode_s"] - 1 for r in per),
                      "prefill_steps_error": statistics.median(
                          r["simulated_prefill_s"] / r["engine_prefill_s"] - 1 for r in per),
+                     **{key: statistics.median(r[key] for r in per) for key in (
+                         "decode_step_model_error", "prefill_step_model_error")},
                      "met": abs(statistics.median(errors)) <= ERROR_TARGET,
                      "engine_max_running": per[-1]["engine_max_running"],
                      "simulated_max_running": per[-1]["simulated_max_running"]})
@@ -241,6 +279,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--kv", default=",".join(BOUND_SPECS),
+                    help="the bound section's KV specs, the first the base of the ratios")
     ap.add_argument("--sections", default="calibration,bound",
                     help="comma-separated: calibration (steps 1-3), bound (step 4)")
     args = ap.parse_args()
@@ -265,7 +305,8 @@ def calibration(args) -> list[dict]:
     """Steps 1-3 of the module docstring; the per-workload entries of the record."""
     max_seqs = max(n for _, _, n in workloads(args.quick))
     llm = LLM(dtype="auto", kv="bf16", kv_memory=KV_MEMORY, max_num_seqs=max_seqs,
-              max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
+              max_num_batched_tokens=512, num_threads=args.threads, device="cpu",
+              enable_prefix_caching=False)         # the repeats send the same prompts
     model = PlanModel(llm.model_config)
     rows, record = [], []
     costs = machine.kv_costs("bf16", llm.model_config, "auto", args.threads)
@@ -294,6 +335,7 @@ def calibration(args) -> list[dict]:
                                weights=hw.compute_dtype, kv_costs=scaled_costs(costs, factor),
                                engine=EngineSettings(block_size=16, max_num_seqs=num_seqs,
                                                      max_num_batched_tokens=512,
+                                                     enable_prefix_caching=False,
                                                      kv_memory_bytes=parse_size(KV_MEMORY)))
             sim = simulate(config, sim_requests)
             unscaled = simulate(replace(config, hardware=hw, kv_costs=costs), sim_requests)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from kvmap.kv.config import KVConfig
 from kvmap.plan.catalogue import get_model
 from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest, simulate
@@ -139,15 +141,21 @@ def test_this_machine_caches_its_probes_until_the_profile_is_measured_again(
     monkeypatch.setattr(kv_probes, "measure_kv_costs",
                         lambda spec, *a: calls.append(spec) or
                         {**probe, "step_s": 1e-5 if spec == "fp32" else 3e-5})
+    monkeypatch.setattr(calibrate, "activation_s",
+                        lambda shape, hw, dtype: calls.append(("activation", shape))
+                        or {"token_s": 4e-8, "pair_s": 1e-10})
     hw = machine.this_machine("auto", 2)
     assert hw.compute_dtype == "fp32" and "x86-test" in hw.label
     costs = machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
     # the fixed costs beyond the plain fp32 codec's, which the overheads already hold
     assert costs.step_s == pytest.approx(2e-5) and costs.seq_s == 0 and costs.read_s == 1e-7
-    assert calls == [("overheads", "fp32"), "int8", "fp32"]
+    assert (costs.activation_s, costs.pair_s) == (4e-8, 1e-10)
+    assert calls == [("overheads", "fp32"), "int8", "fp32", ("activation", "smollm2-135m")]
     machine.this_machine("auto", 2)
     machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
-    assert len(calls) == 3                       # read from the cache
+    assert len(calls) == 4                       # read from the cache
+    # a geometry no catalogued shape has: no random model of it to measure, 0
+    assert machine.activation(replace(get_shape("tiny"), hidden_size=80)) == {}
     profile.rates = {**RATES, "measured_at": "t1"}   # kvmap hw --refresh
     machine.this_machine("auto", 2)
-    assert calls[3:] == [("overheads", "fp32")]
+    assert calls[4:] == [("overheads", "fp32")]

@@ -191,7 +191,9 @@ def codec_seconds(mc: ModelCost, load: StepLoad) -> tuple[float, float]:
     per_token = (c.read_s * load.decode_read_tokens + c.prefill_read_s * prefill_read
                  + c.write_s * load.kv_write_tokens + c.stats_s * load.stats_tokens
                  + c.compress_s * load.compress_tokens)
-    fixed = (c.step_s if load.num_decode else 0.0) + c.seq_s * load.num_decode
+    prefill_pairs = max(0, load.attention_pairs - load.decode_read_tokens)
+    fixed = (c.step_s if load.num_decode else 0.0) + c.seq_s * load.num_decode \
+        + c.activation_s * load.num_tokens + c.pair_s * prefill_pairs
     return mc.num_layers * per_token, mc.num_layers * fixed
 
 

@@ -11,11 +11,16 @@ layer, as measured on this machine (:mod:`kvmap.plan.sim.kv_probes`) or given::
     codec_s    = layers x (read_s x decode KV tokens + prefill_read_s x prefill context
                  tokens + write_s x tokens written + stats_s x tokens a policy's
                  statistics cover + compress_s x tokens compressed)
-    overhead  += layers x (step_s x [the step decodes] + seq_s x decoding rows)
+    overhead  += layers x (step_s x [the step decodes] + seq_s x decoding rows
+                            + activation_s x tokens computed + pair_s x prefill pairs)
 
 ``step_s`` and ``seq_s`` are the codec's fixed costs *beyond* those of the reference
 codec the machine's per-operator overheads were measured with (``reference``), so they
-are not counted twice. ``source`` says where the figures come from; ``BYTES_ONLY`` (all
+are not counted twice. ``activation_s`` and ``pair_s`` are not the KV's: they are a
+layer's elementwise work per token (norms, rotary, activations, residual adds) and per
+causal (query, key) pair of a prefill chunk's attention (masks, softmax, copies) beyond
+its matrix products at this geometry, the same for every configuration, kept here
+because they are measured per model geometry as the rest is. ``source`` says where the figures come from; ``BYTES_ONLY`` (all
 zero) is the assumption for a spec-sheet GPU.
 """
 from __future__ import annotations
@@ -23,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-PER_TOKEN = ("read_s", "prefill_read_s", "write_s", "stats_s", "compress_s")
+PER_TOKEN = ("read_s", "prefill_read_s", "write_s", "stats_s", "compress_s",
+             "activation_s", "pair_s")
 FIXED = ("step_s", "seq_s")
 
 
@@ -39,6 +45,8 @@ class KVCosts:
     write_s: float = 0.0
     stats_s: float = 0.0
     compress_s: float = 0.0
+    activation_s: float = 0.0
+    pair_s: float = 0.0
     step_s: float = 0.0
     seq_s: float = 0.0
 
@@ -66,12 +74,16 @@ class KVCosts:
         return cls(**data)
 
     @classmethod
-    def beyond(cls, spec: str, measured: dict, reference: dict, reference_spec: str
-               ) -> "KVCosts":
+    def beyond(cls, spec: str, measured: dict, reference: dict, reference_spec: str,
+               activation: dict | None = None) -> "KVCosts":
         """Costs of ``spec`` from probe results (:func:`kv_probes.measure_kv_costs`),
-        its fixed parts less the reference codec's (at least 0)."""
+        its fixed parts less the reference codec's (at least 0); ``activation``: the
+        layer's own (``calibrate.activation_s``)."""
+        activation = activation or {}
         return cls(spec=spec, source="measured", reference=reference_spec,
-                   **{k: measured[k] for k in PER_TOKEN},
+                   activation_s=activation.get("token_s", 0.0),
+                   pair_s=activation.get("pair_s", 0.0),
+                   **{k: measured[k] for k in PER_TOKEN if k not in ("activation_s", "pair_s")},
                    **{k: max(0.0, measured[k] - reference[k]) for k in FIXED})
 
 

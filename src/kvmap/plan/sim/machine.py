@@ -183,7 +183,34 @@ def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | No
         return _cached(hw_profile, ("kv_costs", geometry, dtype, s),
                        lambda: measure_kv_costs(s, c.num_heads, c.num_kv_heads, c.head_dim,
                                                 torch_dtype, threads), refresh)
-    return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype)
+    return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype,
+                          activation(model_config, dtype, num_threads, refresh))
+
+
+def shape_of(model_config) -> str | None:
+    """The catalogued shape (``kvmap.model.shapes``) with ``model_config``'s layer
+    geometry, or None."""
+    from kvmap.model.shapes import SHAPES
+    keys = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
+    return next((name for name, shape in SHAPES.items()
+                 if all(getattr(shape, k) == getattr(model_config, k) for k in keys)), None)
+
+
+def activation(model_config, dtype: str = "auto", num_threads: int | None = None,
+               refresh: bool = False) -> dict:
+    """A decoder layer's elementwise seconds beyond its products on this machine, per
+    token and per prefill pair (:func:`calibrate.activation_s`), for a model of a
+    catalogued geometry; {} for another (its engine cannot build random weights of it
+    by name)."""
+    from kvmap.plan.sim.calibrate import activation_s
+    shape = shape_of(model_config)
+    if shape is None:
+        return {}
+    hw = this_machine(dtype, num_threads)
+    hw_profile = _profile(num_threads)
+    return _cached(hw_profile, ("activation", shape, hw.compute_dtype),
+                   lambda: _with_threads(hw_profile.cpu.num_threads, lambda: activation_s(
+                       shape, hw, hw.compute_dtype)), refresh)
 
 
 def tiers(spec: str, model_config, dtype: str = "auto", num_threads: int | None = None,
