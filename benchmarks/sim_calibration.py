@@ -17,15 +17,20 @@
    64 requests of 180-220 prompt and 64 output tokens in a closed loop of 64), per KV
    configuration (bf16, int8, int4 and one policy), the KV specs alternating over
    ``--repeats``: the engine's output tokens/s beside what ``kvmap simulate`` on
-   ``cpu-this-machine`` (with the configuration's measured costs, rescaled by the speed
-   probes) predicts for the same requests and pool -- the error of each prediction, and
-   of each configuration's throughput relative to bf16 (the question "is int8 a speed
-   gain here?"), target within 20%.
+   ``cpu-this-machine`` (with the configuration's measured costs) predicts for the same
+   requests and pool, the machine slowed to the share of its threads' time the engine
+   ran (its process CPU time over its wall time x threads: on a machine others load, a
+   run of minutes gets that share; the probes, short and repeated, measure the machine
+   unloaded) -- the error of each prediction, and of each configuration's throughput
+   relative to bf16 (the question "is int8 a speed gain here?"), target within 20%. Each
+   step is timed and its load counted, so the cost model is also checked on the
+   engine's own steps (decode-only ones and ones with a prefill chunk), apart from the
+   scheduling.
 
-A half-second speed probe taken right after the measurement and around each engine run
-rescales the profile to the machine's speed during the run (``calibrate.scaled``; the
-unscaled prediction is reported too). The reported error is the median of the
-per-repeat errors. The record names the machine class and the load average of every
+In steps 1-3 a half-second speed probe taken right after the measurement and around
+each engine run rescales the profile to the machine's speed during the run
+(``calibrate.scaled``; the unscaled prediction is reported too); in step 4 it is printed
+beside the CPU share. The reported error is the median of the per-repeat errors. The record names the machine class and the load average of every
 run: figures from a loaded machine (load above ~2.5 on two cores) are not speed claims.
 
     .venv/bin/python benchmarks/sim_calibration.py            # three workloads
@@ -128,7 +133,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     reqs = [engine.add_request(p, params) for p in prompts]
     times = []
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         while engine.has_unfinished():
             t = time.perf_counter()
@@ -137,11 +142,13 @@ def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
             most = max(most, len(engine.scheduler.running))
     finally:
         engine.scheduler.schedule = schedule
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     for r in reqs:
         engine.pop_finished(r.request_id)
     decode = [t for t, load in zip(times, loads) if load.num_decode == load.num_seqs]
+    share = min(1.0, cpu_s / (elapsed * torch.get_num_threads()))
     return {"tok_s": len(prompts) * new_tokens / elapsed, "most": most, "times": times,
+            "cpu_share": share,
             "loads": loads, "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode)}
 
 
@@ -202,7 +209,11 @@ def bound(args) -> list[dict]:
             load = os.getloadavg()[0]
             measured = timed_run(llm, prompts, BOUND_OUTPUT_TOKENS)
             tok_s, most = measured["tok_s"], measured["most"]
-            factor = probe_at_measure / ((before + speed_probe_s()) / 2)
+            probe_factor = probe_at_measure / ((before + speed_probe_s()) / 2)
+            # the share of its threads' time the engine ran: on a machine others load,
+            # the simulated machine is that much slower (the probes, short and repeated,
+            # measure it unloaded)
+            factor = measured["cpu_share"]
             config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
                                hardware=scaled(hw, factor),
                                kv=KVConfig.parse(kv, dtype=hw.compute_dtype), workload=None, weights=hw.compute_dtype,
@@ -222,7 +233,8 @@ def bound(args) -> list[dict]:
                              "simulated_unscaled": unscaled.metrics["output_tokens_per_s"],
                              "engine_max_running": most,
                              "simulated_max_running": sim.kv["max_running"],
-                             "simulated_time_s": dict(sim.time_s), "speed_factor": factor,
+                             "simulated_time_s": dict(sim.time_s), "cpu_share": factor,
+                             "speed_probe_factor": probe_factor,
                              "load_average": (load, os.getloadavg()[0])})
             print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running; decode steps "
                   f"{measured['decode_s']:.1f} s, steps with prefill "
@@ -231,7 +243,8 @@ def bound(args) -> list[dict]:
                   f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s; the cost model on the "
                   f"engine's steps: decode {runs[kv][-1]['decode_step_model_error']:+.0%}, "
                   f"with prefill {runs[kv][-1]['prefill_step_model_error']:+.0%}), load "
-                  f"{load:.1f}, speed factor {factor:.2f}", flush=True)
+                  f"{load:.1f}, CPU share {factor:.2f} (speed probe {probe_factor:.2f})",
+                  flush=True)
     base = specs[0]
     rows = []
     for kv in specs:

@@ -82,6 +82,22 @@ def test_codec_costs_are_charged_per_token_and_bound_the_attention():
     assert model_cost(MODEL, kv, hw, kv_costs=bytes_only("int4")).kv_costs is None
 
 
+def test_a_layers_own_elementwise_work_is_charged_per_token_and_prefill_pair():
+    hw = machine()
+    kv = KVConfig.parse("fp32")
+    costs = KVCosts("fp32", activation_s=2e-6, pair_s=1e-9)
+    plain = model_cost(MODEL, kv, hw, weights="fp32")
+    charged = model_cost(MODEL, kv, hw, weights="fp32", kv_costs=costs)
+    # a 256-token chunk from scratch beside 4 decode rows of 100 cached tokens
+    pairs = 256 * 257 // 2
+    load = StepLoad(num_tokens=260, num_sampled=5, attention_pairs=pairs + 4 * 101,
+                    kv_read_tokens=256 + 4 * 101, kv_write_tokens=260, num_seqs=5,
+                    num_decode=4, decode_read_tokens=4 * 101)
+    a, b = step_cost(plain, hw, load), step_cost(charged, hw, load)
+    assert b.overhead_s - a.overhead_s == pytest.approx(
+        MODEL.config.num_layers * (2e-6 * 260 + 1e-9 * pairs))
+
+
 def test_a_slower_codec_read_lowers_the_simulated_throughput():
     hw = machine()
     reqs = [SimRequest(f"r{i}", 200, 32, arrival_s=0.0) for i in range(16)]
