@@ -198,8 +198,10 @@ def bound(args) -> list[dict]:
                     for r in requests_from_workload(requests, first.tokenizer)]
     for llm in llms.values():                                 # warm-up
         run_bound(llm, prompts[:2], 4)
+    # the profile measured now, and with it (its caches follow the profile) every
+    # configuration's costs and the layer's own work, once
     hw = machine.this_machine("auto", args.threads, refresh=True)
-    costs = {kv: machine.kv_costs(kv, first.model_config, "auto", args.threads, refresh=True)
+    costs = {kv: machine.kv_costs(kv, first.model_config, "auto", args.threads)
              for kv in specs}
     probe_at_measure = speed_probe_s()
     runs: dict[str, list[dict]] = {kv: [] for kv in specs}

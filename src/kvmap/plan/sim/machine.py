@@ -164,7 +164,8 @@ def this_machine(dtype: str = "auto", num_threads: int | None = None,
 def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | None = None,
              refresh: bool = False) -> KVCosts:
     """What KV configuration ``spec`` (its codec and policy) costs per layer on this
-    machine at ``model_config``'s attention geometry, beyond its bytes."""
+    machine at ``model_config``'s attention geometry, beyond its bytes (``refresh``: its
+    probes measured again; the layer's own work is measured again with the profile)."""
     import torch
 
     from kvmap.kv.config import KVConfig
@@ -183,8 +184,9 @@ def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | No
         return _cached(hw_profile, ("kv_costs", geometry, dtype, s),
                        lambda: measure_kv_costs(s, c.num_heads, c.num_kv_heads, c.head_dim,
                                                 torch_dtype, threads), refresh)
+    # the layer's own work is the model's, not the spec's: measured once per profile
     return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype,
-                          activation(model_config, dtype, num_threads, refresh))
+                          activation(model_config, dtype, num_threads))
 
 
 def shape_of(model_config) -> str | None:
