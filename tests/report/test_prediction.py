@@ -77,6 +77,22 @@ def test_a_concurrency_miss_blames_the_memory_model():
     assert cal.miss == "the memory model: 30 sequences at once predicted, 49 measured"
 
 
+def test_preemptions_the_model_did_not_see_blame_the_memory_model():
+    record = cell("s1", "int4")
+    record["metrics"]["num_preemptions_engine"] = 34
+    record["prediction"]["metrics"]["num_preemptions"] = 3
+    assert calibrate_cell(record).miss == (
+        "the memory model: 3 preemptions predicted, 34 measured (sequences evicted and "
+        "their prefill recomputed)")
+    record["prediction"]["metrics"]["num_preemptions"] = 20       # within 2x
+    assert calibrate_cell(record).miss == (
+        "the cost of a preemption: 34 measured, 20 predicted, and the model charges only "
+        "their recomputed prefill")
+    record["metrics"]["num_preemptions_engine"] = 0
+    record["prediction"]["metrics"]["num_preemptions"] = 0
+    assert calibrate_cell(record).miss.startswith("the decode step (TBT P50)")
+
+
 def test_fit_statistics_edge_cases():
     assert pearson_r([1.0], [2.0]) is None and pearson_r([1.0, 1.0], [1.0, 2.0]) is None
     assert pearson_r([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
@@ -91,8 +107,8 @@ def test_verdicts_per_deployment(run):
     int8 = s1["int8"]
     assert int8.kind == "capacity gain" and int8.measured_ratio == pytest.approx(0.98)
     assert int8.sentence == (
-        "int8 is a capacity gain here, not a speed gain (1.9x the sequences at once): at "
-        "this workload a decode step reads 540 MB of weights and at most 76 MB of KV, and "
+        "int8 is a capacity gain here, not a speed gain (1.9x the sequences running at once): "
+        "at this workload a decode step reads 540 MB of weights and at most 76 MB of KV, and "
         "past 12 sequences a step is compute-bound on this machine (x86-avx512); predicted "
         f"0.95x, measured 0.98x [{(98 - HALF) / (100 + HALF):.2f}, "
         f"{(98 + HALF) / (100 - HALF):.2f}].")
@@ -102,9 +118,16 @@ def test_verdicts_per_deployment(run):
         in int4.sentence
     speed = long["int8"]
     assert speed.kind == "speed gain" and speed.sentence.startswith(
-        "int8 is a speed gain here (2.0x the sequences at once): ")
+        "int8 is a speed gain here (2.0x the sequences running at once): ")
     assert "stays weight-bound up to 12 sequences" in speed.sentence
     assert gpu_sentence(int8) == f"On {GPU_LABEL}: predicted 1.80x bf16's throughput."
+    # with the mean running in both records, the capacity is read on it
+    mean = {r["cell_id"]: r for r in run.cells}
+    mean["int8-s1"]["metrics"]["concurrency_mean"] = 24.0
+    mean["bf16-s1"]["metrics"]["concurrency_mean"] = 15.0
+    again = {v.kv: v for v in verdicts(list(mean.values()))["s1"]}["int8"]
+    assert again.concurrency_ratio == pytest.approx(1.6)
+    assert "(1.6x the sequences running on average)" in again.sentence
 
 
 @pytest.mark.parametrize("ratio, ci, capacity, kind", [

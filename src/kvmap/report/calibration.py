@@ -14,7 +14,11 @@ A cell whose throughput error exceeds ``TOLERANCE`` is *missed*, and the part of
 step the model got wrong is named where the record can tell:
 
 1. the memory model, when the concurrency differs by more than ``CONCURRENCY_TOLERANCE``
-   (the pool held another number of sequences than predicted);
+   (the pool held another number of sequences than predicted), or the preemptions do
+   (at least ``MIN_PREEMPTIONS`` on one side and twice the other's: sequences evicted
+   and recomputed that the model did not see, or the reverse); with as many preemptions
+   as predicted and a throughput over-predicted, the cost of a preemption (the model
+   charges only its recomputed prefill);
 2. else the decode step (TBT) or the prefill and queueing (TTFT), whichever error is
    larger and beyond the tolerance, with the resource the simulated step was bound by;
 3. else neither step time alone: the mix of the two.
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 
 TOLERANCE = 0.20
 CONCURRENCY_TOLERANCE = 0.10
+MIN_PREEMPTIONS = 5
 LOADED = 2.5
 COMPARED = (("output_tokens_per_s", "throughput"), ("ttft_p50_s", "TTFT P50"),
             ("tbt_p50_s", "TBT P50"), ("concurrency_max", "sequences at once"))
@@ -76,7 +81,8 @@ def measured_of(metrics: dict) -> dict[str, float | None]:
         return value.get(name) if isinstance(value, dict) else None
     return {"output_tokens_per_s": metrics.get("output_tokens_per_s"),
             "ttft_p50_s": stat("ttft_s", "p50"), "tbt_p50_s": stat("tbt_s", "p50"),
-            "concurrency_max": metrics.get("concurrency_max")}
+            "concurrency_max": metrics.get("concurrency_max"),
+            "num_preemptions": metrics.get("num_preemptions_engine")}
 
 
 def error(predicted: float | None, measured: float | None) -> float | None:
@@ -116,6 +122,14 @@ def diagnose(errors: dict, measured: dict, predicted: dict, bound: str | None,
     if ec is not None and abs(ec) > CONCURRENCY_TOLERANCE:
         return (f"the memory model: {predicted['concurrency_max']} sequences at once "
                 f"predicted, {measured['concurrency_max']} measured")
+    pm, pp = measured.get("num_preemptions"), predicted.get("num_preemptions")
+    if pm is not None and pp is not None and max(pm, pp) >= MIN_PREEMPTIONS \
+            and max(pm, pp) >= 2 * min(pm, pp):
+        return (f"the memory model: {pp} preemptions predicted, {pm} measured (sequences "
+                f"evicted and their prefill recomputed)")
+    if pm is not None and pm >= MIN_PREEMPTIONS and e > 0:
+        return (f"the cost of a preemption: {pm} measured, {pp} predicted, and the model "
+                f"charges only their recomputed prefill")
     steps = {k: errors.get(k) for k in ("tbt_p50_s", "ttft_p50_s")
              if errors.get(k) is not None and abs(errors[k]) > tolerance}
     if not steps:
@@ -142,7 +156,7 @@ def calibrate_cell(record: dict, tolerance: float = TOLERANCE) -> CellCalibratio
     env = record.get("env") or {}
     return CellCalibration(
         cell_id=record["cell_id"], workload=record.get("workload") or "", kv=record["kv"],
-        measured=measured, predicted={k: predicted.get(k) for k, _ in COMPARED},
+        measured=measured, predicted={k: predicted.get(k) for k in measured},
         errors=errors, bound=bound, miss=diagnose(errors, measured, predicted, bound, tolerance),
         load=env.get("load_avg_1m_end"), hardware=prediction.get("hardware"))
 

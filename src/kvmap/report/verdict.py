@@ -4,8 +4,8 @@ or only a capacity gain on the hardware the run measured -- one computed sentenc
 For a workload and a model, the baseline is the cell whose KV codec is the model's
 dtype (as the configuration table takes it). For every other configuration:
 
-- *capacity*: the most sequences it ran at once over the baseline's (a gain above
-  ``1 + CAPACITY_MARGIN``);
+- *capacity*: the sequences it ran on average over the baseline's (the most at once
+  where a record lacks the mean; a gain above ``1 + CAPACITY_MARGIN``);
 - *speed*: its output throughput over the baseline's, with an interval
   ``[lo_a / hi_b, hi_a / lo_b]`` from the two cells' throughput intervals
   (:func:`kvmap.report.noise.throughput_ci`); a gain when the interval lies above 1, a
@@ -108,8 +108,8 @@ def reasons(record: dict, base: dict, machine: str) -> list[str]:
     return out
 
 
-def _headline(kind: str, kv: str, capacity: float | None) -> str:
-    more = f"{capacity:.1f}x the sequences at once" if capacity else ""
+def _headline(kind: str, kv: str, capacity: float | None, how: str = "at once") -> str:
+    more = f"{capacity:.1f}x the sequences running {how}" if capacity else ""
     return {
         "speed gain": f"{kv} is a speed gain here" + (f" ({more})" if more else ""),
         "capacity gain": f"{kv} is a capacity gain here, not a speed gain ({more})",
@@ -126,7 +126,11 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
     ratio = _ratio(m.get("output_tokens_per_s"), mb.get("output_tokens_per_s"))
     a, b = throughput_ci(m, rows or []), throughput_ci(mb, base_rows or [])
     ci = (a[0] / b[1], a[1] / b[0]) if a and b and b[0] > 0 else None
-    capacity = _ratio(m.get("concurrency_max"), mb.get("concurrency_max"))
+    # capacity: sequences running on average when both cells say (a pool that preempts
+    # admits many at first and keeps few), else at most
+    key = "concurrency_mean" if m.get("concurrency_mean") and mb.get("concurrency_mean") \
+        else "concurrency_max"
+    capacity = _ratio(m.get(key), mb.get(key))
     predicted = _ratio(_predicted(record, "output_tokens_per_s"),
                        _predicted(base, "output_tokens_per_s"))
     kind = classify(ratio, ci, capacity)
@@ -138,7 +142,8 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
         figures.append(f"predicted {predicted:.2f}x")
     if ratio is not None:
         figures.append(f"measured {ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
-    sentence = _headline(kind, record["kv"], capacity)
+    sentence = _headline(kind, record["kv"], capacity,
+                         "on average" if key == "concurrency_mean" else "at once")
     sentence += (": " + ", and ".join(why) if why else "") + \
         ("; " + ", ".join(figures) if figures else "") + "."
     gpu = (record.get("prediction") or {}).get("gpu") or {}

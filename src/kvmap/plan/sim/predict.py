@@ -68,7 +68,8 @@ def summarize(result) -> dict:
     return {"output_tokens_per_s": m.get("output_tokens_per_s"),
             "ttft_p50_s": stat("ttft_s", "p50"), "tbt_p50_s": stat("tbt_s", "p50"),
             "e2e_mean_s": stat("e2e_s", "mean"), "concurrency_max": result.kv["max_running"],
-            "concurrency_mean": result.kv["mean_running"]}
+            "concurrency_mean": result.kv["mean_running"],
+            "num_preemptions": result.num_preemptions}
 
 
 def sim_config(cell, record: dict, hw: Hardware, kv_costs, name: str,
