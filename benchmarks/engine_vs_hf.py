@@ -43,7 +43,7 @@ from kvmap import LLM, SamplingParams  # noqa: E402
 from kvmap.hardware import detect, measure  # noqa: E402
 from kvmap.hardware.report import headline  # noqa: E402
 from kvmap.model.loader import embedded_model_path  # noqa: E402
-from kvmap.plan.sim.calibrate import copy_bandwidth, read_bandwidth  # noqa: E402
+from kvmap.hardware.probes import copy_bandwidth, read_bandwidth  # noqa: E402
 from kvmap.workloads.corpus import corpus_text  # noqa: E402
 
 FORMATS = ("int8", "w8a8", "int4")

@@ -58,8 +58,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, 40000, int(rng.integers(180, 221))).tolist()
                for _ in range(args.requests)]
+    # no prefix caching: the repeats send the same prompts, and a pool that kept them
+    # (int4's holds most) would skip their prefill on the next repeat
     llms = {s: LLM(kv=s, kv_memory=args.kv_memory, max_num_seqs=64,
-                   max_num_batched_tokens=512, quantization=args.quantization)
+                   max_num_batched_tokens=512, quantization=args.quantization,
+                   enable_prefix_caching=False)
             for s in specs}
     for llm in llms.values():                                 # warm-up
         run(llm, prompts[:2], 4)

@@ -1,31 +1,41 @@
 """Calibrate ``kvmap simulate`` against the real engine on this machine.
 
-1. Measure this machine (``kvmap.plan.sim.calibrate.measure_this_machine``: matmul rate
-   by rows at the shapes of the model's layer matrices (random weights), copy bandwidth, and the per-step, per-layer
-   and per-sequence overheads of the engine on random tiny models), with one thread,
-   right before each workload (the machine is shared: its speed drifts within minutes).
-2. Run small workloads through the engine (``LLM()``, the embedded SmolLM2-135M in bf16,
-   one thread) and through the simulator on the measured ``cpu-this-machine`` profile,
-   with the same requests (exact prompt token counts), pool, block size, token budget
-   and sequence limit. Nothing of the SmolLM2 runs feeds the simulator.
+1. Measure this machine: its hardware profile (``kvmap hw --refresh``: the compute
+   curve, the weight stream) and the per-step, per-layer and per-sequence overheads of
+   the engine on random tiny models (``kvmap.plan.sim.machine.this_machine(refresh=
+   True)``), and each KV configuration's own costs at the model's geometry
+   (``machine.kv_costs``: the codec's write and read, a policy's scoring), right before
+   the runs (the machine is shared: its speed drifts within minutes).
+2. Run small workloads through the engine (``LLM()``, the embedded SmolLM2-135M in the
+   machine's auto dtype, ``--threads``) and through the simulator on the measured
+   ``cpu-this-machine``, with the same requests (exact prompt token counts), pool, block
+   size, token budget and sequence limit. Nothing of the SmolLM2 runs feeds the
+   simulator.
 3. Print prediction errors (simulated / measured - 1) of output throughput, P50 TBT,
    P50 TTFT and mean E2E, and write a JSON record under ``benchmarks/results/``.
-4. Engine efficiency against the simulated limit (issue 15): on the memory-bound
-   scenario (a 72 MiB pool, about 16 bf16 requests; 64 requests of 180-220 prompt and
-   64 output tokens in a closed loop of 64), per KV codec (bf16, int8, int4) and one
-   policy, the engine's output tokens/s divided by what ``kvmap simulate`` on
-   ``cpu-this-machine`` (measured right before, rescaled by the speed probes) predicts
-   for the same requests and pool: the share of this machine's measured limits the
-   engine reaches (target >= 60%), beside both sides' peak concurrency.
+4. The memory-bound scenario (issues 15 and 26: a 72 MiB pool, about 16 bf16 requests;
+   64 requests of 180-220 prompt and 64 output tokens in a closed loop of 64), per KV
+   configuration (bf16, int8, int4 and one policy), the KV specs alternating over
+   ``--repeats``: the engine's output tokens/s beside what ``kvmap simulate`` on
+   ``cpu-this-machine`` (with the configuration's measured costs) predicts for the same
+   requests and pool, the machine slowed to the share of its threads' time the engine
+   ran (its process CPU time over its wall time x threads: on a machine others load, a
+   run of minutes gets that share; the probes, short and repeated, measure the machine
+   unloaded) -- the error of each prediction, and of each configuration's throughput
+   relative to bf16 (the question "is int8 a speed gain here?"), target within 20%. Each
+   step is timed and its load counted, so the cost model is also checked on the
+   engine's own steps (decode-only ones and ones with a prefill chunk), apart from the
+   scheduling.
 
-Each repeat measures the hardware and runs the engine back to back; a half-second speed
-probe taken right after the measurement and around the engine run rescales the profile
-to the machine's speed during the run (``calibrate.scaled``; the unscaled prediction is
-reported too). The reported error is the median of the per-repeat errors.
+In steps 1-3 a half-second speed probe taken right after the measurement and around
+each engine run rescales the profile to the machine's speed during the run
+(``calibrate.scaled``; the unscaled prediction is reported too); in step 4 it is printed
+beside the CPU share. The reported error is the median of the per-repeat errors. The record names the machine class and the load average of every
+run: figures from a loaded machine (load above ~2.5 on two cores) are not speed claims.
 
     .venv/bin/python benchmarks/sim_calibration.py            # three workloads
     .venv/bin/python benchmarks/sim_calibration.py --quick    # smaller
-    .venv/bin/python benchmarks/sim_calibration.py --sections efficiency
+    .venv/bin/python benchmarks/sim_calibration.py --sections bound --threads 2
 """
 from __future__ import annotations
 
@@ -48,8 +58,10 @@ from kvmap.config import parse_size  # noqa: E402
 from kvmap.kv.config import KVConfig  # noqa: E402
 from kvmap.plan.catalogue import PlanModel  # noqa: E402
 from kvmap.plan.sim import EngineSettings, SimConfig, simulate  # noqa: E402
-from kvmap.plan.sim.calibrate import (layer_shapes, measure_this_machine, scaled,  # noqa: E402
-                                      speed_probe_s)
+from kvmap.plan.sim import machine  # noqa: E402
+from kvmap.plan.sim.calibrate import scaled, scaled_costs, speed_probe_s  # noqa: E402
+from kvmap.plan.sim.costmodel import (KVWork, StepLoad, causal_pairs, model_cost,  # noqa: E402
+                                      step_cost)
 from kvmap.plan.sim.workload import requests_from_workload  # noqa: E402
 from kvmap.workloads.presets import build_requests, get_preset  # noqa: E402
 from kvmap.workloads.arrivals import ClosedLoop  # noqa: E402
@@ -58,7 +70,7 @@ from kvmap.workloads.lengths import Uniform  # noqa: E402
 KV_MEMORY = "256MiB"
 BOUND_KV_MEMORY = "72MiB"                # the memory-bound scenario of issue 15
 BOUND_SPECS = ("bf16", "int8", "int4", "streaming_llm(budget=0.25)")
-EFFICIENCY_TARGET = 0.6
+ERROR_TARGET = 0.2
 BOUND_OUTPUT_TOKENS = 64
 METRICS = (("output_tokens_per_s", None, "out tok/s"), ("tbt_s", "p50", "TBT p50"),
            ("ttft_s", "p50", "TTFT p50"), ("e2e_s", "mean", "E2E mean"))
@@ -93,55 +105,188 @@ def run_engine(llm: LLM, requests) -> dict:
     return aggregate(outs, duration_s=time.perf_counter() - t0)
 
 
-def efficiency(args) -> list[dict]:
+def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
+    """The memory-bound run (``memory_bound.run``'s loop) with each step timed and told
+    apart -- decodes only, or with a prefill chunk -- and its load counted as the
+    simulator counts one (``loads``: :class:`StepLoad` per step), so the cost model can be
+    checked step by step, apart from the scheduling."""
+    engine, most, schedule = llm.engine, 0, llm.engine.scheduler.schedule
+    policy = llm.engine.kv_config.policy
+    loads: list[StepLoad] = []
+
+    def spy():
+        batch = schedule()
+        work = KVWork(policy, llm.engine.kv.block_size)
+        tokens = pairs = read = 0
+        for r, n in batch.items:
+            start, held = r.num_computed_tokens, r.num_kv_slots
+            tokens += n
+            pairs += causal_pairs(start, start + n) if policy is None else \
+                n * held + n * (n + 1) // 2
+            read += held + n
+            work.add(start >= r.num_prompt_tokens, start + n == r.num_prompt_tokens, held + n)
+        sampled = sum(r.num_computed_tokens + n >= r.num_prompt_tokens for r, n in batch.items)
+        loads.append(StepLoad(tokens, sampled, pairs, read, tokens, {}, len(batch.items),
+                              **work.counts()))
+        return batch
+    engine.scheduler.schedule = spy
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    times = []
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+            most = max(most, len(engine.scheduler.running))
+    finally:
+        engine.scheduler.schedule = schedule
+    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    for r in reqs:
+        engine.pop_finished(r.request_id)
+    decode = [t for t, load in zip(times, loads) if load.num_decode == load.num_seqs]
+    share = min(1.0, cpu_s / (elapsed * torch.get_num_threads()))
+    return {"tok_s": len(prompts) * new_tokens / elapsed, "most": most, "times": times,
+            "cpu_share": share,
+            "loads": loads, "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode)}
+
+
+def step_errors(measured: dict, config: SimConfig) -> dict:
+    """The cost model on the engine's own steps: predicted over measured seconds of the
+    decode-only steps and of the steps with a prefill chunk (the scheduling left out)."""
+    mc = model_cost(config.model, config.kv, config.hardware, 16, config.weights,
+                    config.kv_costs)
+    sums = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}
+    for t, load in zip(measured["times"], measured["loads"]):
+        if load.num_tokens:
+            kind = "decode" if load.num_decode == load.num_seqs else "prefill"
+            sums[kind][0] += step_cost(mc, config.hardware, load).total_s
+            sums[kind][1] += t
+    return {f"{k}_step_model_error": (p / m - 1 if m else None) for k, (p, m) in sums.items()}
+
+
+def sim_phases(config: SimConfig, requests) -> tuple:
+    """(result, seconds of decode-only steps, of steps with a prefill chunk) simulated."""
+    from kvmap.plan.sim.engine import Simulator
+    sim = Simulator(config, requests)
+    result = sim.run()
+    steps = sim.steps
+    decode = sum(t for t, n, d in zip(steps.total_s, steps.num_seqs, steps.num_decode)
+                 if n == d)
+    return result, decode, sum(steps.total_s) - decode
+
+
+def bound(args) -> list[dict]:
     """Section 4 of the module docstring: one row per KV spec."""
     num = 32 if args.quick else 64
     spec = replace(get_preset("throughput"), name="bound", num_requests=num,
                    prompt_len=Uniform(180, 220),
                    output_len=Uniform(BOUND_OUTPUT_TOKENS, BOUND_OUTPUT_TOKENS),
                    arrival=ClosedLoop(num))
+    # no prefix caching: the repeats send the same prompts, and a pool that kept them
+    # (int4's holds them all) would skip their prefill on the next repeat
+    llms = {kv: LLM(dtype="auto", kv=kv, kv_memory=BOUND_KV_MEMORY, max_num_seqs=num,
+                    max_num_batched_tokens=512, num_threads=args.threads, device="cpu",
+                    enable_prefix_caching=False)
+            for kv in args.kv.split(",")}
+    specs = list(llms)
+    first = next(iter(llms.values()))
+    requests = build_requests(spec, first.tokenizer)
+    prompts = [first.encode(r.prompt) for r in requests]
+    sim_requests = [replace(r, arrival_s=0.0)
+                    for r in requests_from_workload(requests, first.tokenizer)]
+    for llm in llms.values():                                 # warm-up
+        run_bound(llm, prompts[:2], 4)
+    # the profile measured now, and with it (its caches follow the profile) every
+    # configuration's costs and the layer's own work, once
+    hw = machine.this_machine("auto", args.threads, refresh=True)
+    costs = {kv: machine.kv_costs(kv, first.model_config, "auto", args.threads)
+             for kv in specs}
+    probe_at_measure = speed_probe_s()
+    runs: dict[str, list[dict]] = {kv: [] for kv in specs}
+    for _ in range(args.repeats):
+        for kv, llm in llms.items():
+            before = speed_probe_s()
+            load = os.getloadavg()[0]
+            measured = timed_run(llm, prompts, BOUND_OUTPUT_TOKENS)
+            tok_s, most = measured["tok_s"], measured["most"]
+            probe_factor = probe_at_measure / ((before + speed_probe_s()) / 2)
+            # the share of its threads' time the engine ran: on a machine others load,
+            # the simulated machine is that much slower (the probes, short and repeated,
+            # measure it unloaded)
+            factor = measured["cpu_share"]
+            config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
+                               hardware=scaled(hw, factor),
+                               kv=KVConfig.parse(kv, dtype=hw.compute_dtype), workload=None, weights=hw.compute_dtype,
+                               kv_costs=scaled_costs(costs[kv], factor),
+                               engine=EngineSettings(block_size=16, max_num_seqs=num,
+                                                     max_num_batched_tokens=512,
+                                                     enable_prefix_caching=False,
+                                                     kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
+            sim, sim_decode_s, sim_prefill_s = sim_phases(config, sim_requests)
+            unscaled = simulate(replace(config, hardware=hw, kv_costs=costs[kv]), sim_requests)
+            runs[kv].append({"engine": tok_s, "simulated": sim.metrics["output_tokens_per_s"],
+                             **step_errors(measured, config),
+                             "engine_decode_s": measured["decode_s"],
+                             "engine_prefill_s": measured["prefill_s"],
+                             "simulated_decode_s": sim_decode_s,
+                             "simulated_prefill_s": sim_prefill_s,
+                             "simulated_unscaled": unscaled.metrics["output_tokens_per_s"],
+                             "engine_max_running": most,
+                             "simulated_max_running": sim.kv["max_running"],
+                             "simulated_time_s": dict(sim.time_s), "cpu_share": factor,
+                             "speed_probe_factor": probe_factor,
+                             "load_average": (load, os.getloadavg()[0])})
+            print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running; decode steps "
+                  f"{measured['decode_s']:.1f} s, steps with prefill "
+                  f"{measured['prefill_s']:.1f} s), simulated "
+                  f"{runs[kv][-1]['simulated']:.1f} ({sim.kv['max_running']} running; "
+                  f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s; the cost model on the "
+                  f"engine's steps: decode {runs[kv][-1]['decode_step_model_error']:+.0%}, "
+                  f"with prefill {runs[kv][-1]['prefill_step_model_error']:+.0%}), load "
+                  f"{load:.1f}, CPU share {factor:.2f} (speed probe {probe_factor:.2f})",
+                  flush=True)
+    base = specs[0]
     rows = []
-    for kv in BOUND_SPECS:
-        llm = LLM(dtype="bf16", kv=kv, kv_memory=BOUND_KV_MEMORY, max_num_seqs=num,
-                  max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
-        requests = build_requests(spec, llm.tokenizer)
-        sim_requests = [replace(r, arrival_s=0.0)
-                        for r in requests_from_workload(requests, llm.tokenizer)]
-        run_engine(llm, requests[:2])                          # warm-up
-        hw = measure_this_machine("bf16", args.threads,
-                                  matmul_shapes=layer_shapes(llm.model_config))
-        probe_at_measure, before = speed_probe_s(), speed_probe_s()
-        tok_s, most = run_bound(llm, [llm.encode(r.prompt) for r in requests],
-                               BOUND_OUTPUT_TOKENS)
-        factor = probe_at_measure / ((before + speed_probe_s()) / 2)
-        config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
-                           hardware=scaled(hw, factor), kv=KVConfig.parse(kv), workload=None,
-                           engine=EngineSettings(block_size=16, max_num_seqs=num,
-                                                 max_num_batched_tokens=512,
-                                                 kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
-        sim = simulate(config, sim_requests)
-        sim_tok_s = sim.metrics["output_tokens_per_s"]
-        rows.append({"kv": kv, "engine_output_tokens_per_s": tok_s,
-                     "simulated_output_tokens_per_s": sim_tok_s,
-                     "efficiency": tok_s / sim_tok_s, "target": EFFICIENCY_TARGET,
-                     "met": tok_s / sim_tok_s >= EFFICIENCY_TARGET,
-                     "engine_max_running": most, "simulated_max_running": sim.kv["max_running"],
-                     "speed_factor": factor, "load_average": os.getloadavg()[0]})
-        print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running), simulated "
-              f"{sim_tok_s:.1f} ({sim.kv['max_running']} running): {tok_s / sim_tok_s:.0%}"
-              f" (load {os.getloadavg()[0]:.1f}, speed factor {factor:.2f})", flush=True)
-        del llm
+    for kv in specs:
+        per = runs[kv]
+        errors = [r["simulated"] / r["engine"] - 1 for r in per]
+        ratio_errors = [(r["simulated"] / b["simulated"]) / (r["engine"] / b["engine"]) - 1
+                        for r, b in zip(per, runs[base])]
+        rows.append({"kv": kv, "runs": per, "kv_costs": costs[kv].to_dict(),
+                     "engine_output_tokens_per_s": statistics.median(r["engine"] for r in per),
+                     "simulated_output_tokens_per_s":
+                         statistics.median(r["simulated"] for r in per),
+                     "error": statistics.median(errors),
+                     "ratio_to_bf16_engine": statistics.median(
+                         r["engine"] / b["engine"] for r, b in zip(per, runs[base])),
+                     "ratio_to_bf16_simulated": statistics.median(
+                         r["simulated"] / b["simulated"] for r, b in zip(per, runs[base])),
+                     "ratio_error": statistics.median(ratio_errors), "target": ERROR_TARGET,
+                     "decode_steps_error": statistics.median(
+                         r["simulated_decode_s"] / r["engine_decode_s"] - 1 for r in per),
+                     "prefill_steps_error": statistics.median(
+                         r["simulated_prefill_s"] / r["engine_prefill_s"] - 1 for r in per),
+                     **{key: statistics.median(r[key] for r in per) for key in (
+                         "decode_step_model_error", "prefill_step_model_error")},
+                     "met": abs(statistics.median(errors)) <= ERROR_TARGET,
+                     "engine_max_running": per[-1]["engine_max_running"],
+                     "simulated_max_running": per[-1]["simulated_max_running"]})
     return rows
 
 
-def print_efficiency(rows: list[dict]) -> None:
-    print(f"\nengine efficiency against the simulated limit (72 MiB pool, closed loop; "
-          f"target >= {EFFICIENCY_TARGET:.0%})")
-    print(f"{'kv':<28} {'engine':>8} {'simulated':>10} {'share':>6} {'running':>12}")
+def print_bound(rows: list[dict]) -> None:
+    print(f"\nmemory-bound scenario (72 MiB pool, closed loop): predicted against measured "
+          f"(target within {ERROR_TARGET:.0%})")
+    print(f"{'kv':<28} {'engine':>8} {'simulated':>10} {'error':>7} {'x bf16 meas':>12} "
+          f"{'x bf16 pred':>12} {'running':>10} {'decode steps':>13} {'prefill steps':>14}")
     for r in rows:
         print(f"{r['kv']:<28} {r['engine_output_tokens_per_s']:>8.1f} "
-              f"{r['simulated_output_tokens_per_s']:>10.1f} {r['efficiency']:>6.0%} "
-              f"{r['engine_max_running']:>5} / {r['simulated_max_running']:<5}")
+              f"{r['simulated_output_tokens_per_s']:>10.1f} {r['error']:>+7.1%} "
+              f"{r['ratio_to_bf16_engine']:>12.2f} {r['ratio_to_bf16_simulated']:>12.2f} "
+              f"{r['engine_max_running']:>4} / {r['simulated_max_running']:<4} "
+              f"{r['decode_steps_error']:>+13.0%} {r['prefill_steps_error']:>+14.0%}")
 
 
 def main() -> None:
@@ -149,34 +294,37 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--sections", default="calibration,efficiency",
-                    help="comma-separated: calibration (steps 1-3), efficiency (step 4)")
+    ap.add_argument("--kv", default=",".join(BOUND_SPECS),
+                    help="the bound section's KV specs, the first the base of the ratios")
+    ap.add_argument("--sections", default="calibration,bound",
+                    help="comma-separated: calibration (steps 1-3), bound (step 4)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     sections = set(args.sections.split(","))
-    if not sections <= {"calibration", "efficiency"}:
-        ap.error(f"--sections {args.sections!r}: choose from calibration, efficiency")
+    if not sections <= {"calibration", "bound"}:
+        ap.error(f"--sections {args.sections!r}: choose from calibration, bound")
     record = calibration(args) if "calibration" in sections else []
-    bound = efficiency(args) if "efficiency" in sections else []
-    if bound:
-        print_efficiency(bound)
+    rows = bound(args) if "bound" in sections else []
+    if rows:
+        print_bound(rows)
     path = write_record("sim_calibration", {
-        "model": "embedded SmolLM2-135M (bf16)", "kv": "bf16", "kv_memory": KV_MEMORY,
+        "model": "embedded SmolLM2-135M (dtype auto)", "kv": "bf16", "kv_memory": KV_MEMORY,
         "max_num_batched_tokens": 512, "threads": args.threads, "repeats": args.repeats,
         "quick": args.quick, "sections": sorted(sections),
         "bound_kv_memory": BOUND_KV_MEMORY},
-        {"workloads": record, "efficiency_vs_simulated_limit": bound})
+        {"workloads": record, "memory_bound": rows})
     print(f"\nwrote {path}")
 
 
 def calibration(args) -> list[dict]:
     """Steps 1-3 of the module docstring; the per-workload entries of the record."""
     max_seqs = max(n for _, _, n in workloads(args.quick))
-    llm = LLM(dtype="bf16", kv="bf16", kv_memory=KV_MEMORY, max_num_seqs=max_seqs,
-              max_num_batched_tokens=512, num_threads=args.threads, device="cpu")
+    llm = LLM(dtype="auto", kv="bf16", kv_memory=KV_MEMORY, max_num_seqs=max_seqs,
+              max_num_batched_tokens=512, num_threads=args.threads, device="cpu",
+              enable_prefix_caching=False)         # the repeats send the same prompts
     model = PlanModel(llm.model_config)
     rows, record = [], []
-    shapes = layer_shapes(llm.model_config)
+    costs = machine.kv_costs("bf16", llm.model_config, "auto", args.threads)
     for label, spec, num_seqs in workloads(args.quick):
         llm.engine.scheduler.config = replace(llm.engine.scheduler.config,
                                               max_num_seqs=num_seqs)
@@ -190,7 +338,7 @@ def calibration(args) -> list[dict]:
         # simulates on the measured profile scaled by the probes' ratio.
         for repeat in range(args.repeats):
             t0 = time.perf_counter()
-            hw = measure_this_machine("bf16", args.threads, matmul_shapes=shapes)
+            hw = machine.this_machine("auto", args.threads, refresh=True)
             probe_at_measure = speed_probe_s()
             probe_s = time.perf_counter() - t0
             before = speed_probe_s()
@@ -199,15 +347,17 @@ def calibration(args) -> list[dict]:
             factor = probe_at_measure / ((before + after) / 2)
             config = SimConfig(name=label, model=model, hardware=scaled(hw, factor),
                                kv=KVConfig.parse("bf16"), workload=None,
+                               weights=hw.compute_dtype, kv_costs=scaled_costs(costs, factor),
                                engine=EngineSettings(block_size=16, max_num_seqs=num_seqs,
                                                      max_num_batched_tokens=512,
+                                                     enable_prefix_caching=False,
                                                      kv_memory_bytes=parse_size(KV_MEMORY)))
             sim = simulate(config, sim_requests)
-            unscaled = simulate(replace(config, hardware=hw), sim_requests)
+            unscaled = simulate(replace(config, hardware=hw, kv_costs=costs), sim_requests)
             pairs.append((hw, sim, real, factor, unscaled))
             print(f"{label} #{repeat}: matmul peak {hw.compute_flops / 1e9:.0f} GFLOP/s "
                   f"({hw.curve_efficiency(1):.0%} at 1 row, {hw.curve_efficiency(num_seqs):.0%}"
-                  f" at {num_seqs}), copy {hw.memory_bandwidth / 1e9:.1f} GB/s, overhead "
+                  f" at {num_seqs}), weight stream {hw.memory_bandwidth / 1e9:.1f} GB/s, overhead "
                   f"{hw.step_overhead_s * 1e3:.2f} ms + {hw.layer_overhead_s * 1e3:.3f} ms/layer"
                   f" + {hw.seq_overhead_s * 1e3:.3f} ms/seq (probe {probe_s:.1f} s, load "
                   f"{os.getloadavg()[0]:.1f}, speed factor {factor:.2f}); TBT p50 simulated "

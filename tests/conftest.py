@@ -18,6 +18,9 @@ torch.set_num_threads(2)
 os.environ.setdefault("KVMAP_CELL_OMP_WAIT_POLICY", "PASSIVE")
 # ... nor the decode-step proxy that scales the bench's estimate (bench/estimate.py)
 os.environ.setdefault("KVMAP_BENCH_SLOWDOWN", "1")
+# nor the simulator's probes for each cell's prediction (kvmap bench --predict): the quick
+# run below predicts (the browser test reads its verdicts); tests/plan test the predictor
+os.environ.setdefault("KVMAP_BENCH_PREDICT", "none")
 
 
 def make_tiny_llm(**kwargs):
@@ -68,8 +71,8 @@ def shared_quick_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProces
     if not saved.exists():
         # the test's own limit is the budget: a slower CI machine is sized, not refused
         proc = subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", "--quick", "--out",
-                               str(out), "--json", "--budget", "14m"], capture_output=True,
-                              text=True, timeout=900)
+                               str(out), "--json", "--budget", "14m", "--predict",
+                               "h100-80gb"], capture_output=True, text=True, timeout=900)
         saved.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
                                      "stderr": proc.stderr}))
     done = json.loads(saved.read_text())

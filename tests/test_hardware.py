@@ -21,7 +21,10 @@ FAKE_RATES = {"num_threads": 2, "shape_in_out": [576, 1536], "prefill_rows": 512
                                           "bf16": {"prefill": 1e11, "decode": 2.4e10}},
                                  "int4": {"fp32": {"prefill": 2e9, "decode": 2e9},
                                           "bf16": {"prefill": 1.3e11, "decode": 5e10}}},
-              "read_bandwidth_bytes_per_s": 2.4e10, "measured_s": 0.0}
+              "read_bandwidth_bytes_per_s": 2.4e10, "measured_s": 0.0,
+              "probe_version": 2,
+              "matmul_curve": {"fp32": {"1": 5e9, "16": 8e10, "512": 2e11},
+                               "bf16": {"1": 2e9, "16": 2e10, "512": 5e10}}}
 
 
 @pytest.fixture
@@ -110,6 +113,19 @@ def test_rates_are_measured_once_then_read_from_the_cache(cache):
     assert again.rates == first.rates and len(cache) == 1
     hardware.profile(refresh=True)
     assert len(cache) == 2
+
+
+def test_a_cache_of_older_probes_is_measured_again(cache):
+    """A profile cached before the compute curve existed lacks a rate the simulator
+    reads: it is measured again rather than read."""
+    hw = hardware.detect()
+    old = replace(hw, rates={k: v for k, v in FAKE_RATES.items()
+                             if k not in ("probe_version", "matmul_curve")})
+    path = hardware.cache_dir() / "hardware" / f"{hw.fingerprint}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old.to_dict()))
+    assert hardware.load_cached(hw) is None
+    assert "matmul_curve" in hardware.profile().rates and len(cache) == 1
 
 
 def test_a_corrupt_or_foreign_cache_is_ignored_and_measured_again(cache):

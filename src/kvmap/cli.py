@@ -154,10 +154,11 @@ def _register_subcommands() -> None:
     from kvmap.loadgen.command import register as register_loadgen
     from kvmap.plan.command import register as register_plan
     from kvmap.plan.sim.command import register as register_simulate
+    from kvmap.plan.sim.predict import bench_predictor
     from kvmap.report.command import bench_tradeoff_map, register as register_report
     from kvmap.server.command import register as register_serve
     from kvmap.tune.command import register as register_tune
-    register_bench(app, tradeoff_map=bench_tradeoff_map)
+    register_bench(app, tradeoff_map=bench_tradeoff_map, predictor=bench_predictor)
     register_eval(app)
     register_loadgen(app)
     register_plan(app)

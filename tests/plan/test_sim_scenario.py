@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from kvmap.plan.sim.command import register
 from kvmap.plan.sim.hardware import Hardware
+from kvmap.plan.sim.kvcost import KVCosts
 from kvmap.plan.sim.scenario import (ScenarioError, builtin_names, load_sim_scenario,
                                      parse_bandwidth, parse_duration, parse_flops,
                                      parse_sim_scenario)
@@ -138,8 +139,10 @@ def test_cli_json_and_table(tmp_path):
         assert r["num_finished"] + r["num_rejected"] == 16
         assert set(r["tiers"]) == {"host", "nvme"}
         assert abs(sum(r["bound_share"].values()) - 1) < 1e-9
+        assert "spec sheet x assumed efficiency" in r["config"]["hardware_label"]
     table = runner.invoke(_app(), ["simulate", str(path)])
     assert table.exit_code == 0 and "bottleneck over time" in table.output
+    assert "spec sheet x assumed efficiency" in table.output
 
 
 def test_cli_errors_exit_2(tmp_path):
@@ -152,28 +155,24 @@ def test_cli_errors_exit_2(tmp_path):
     assert result.exit_code == 2 and "engine.max_num_seqs='zero'" in result.output
 
 
-def test_microbenchmarks_return_rates():
-    from kvmap.plan.sim.calibrate import copy_bandwidth, matmul_curve
-    rates = matmul_curve(shapes=((128, 64), (64, 128)), rows=(1, 8), repeats=1,
-                         stream_bytes=2**16)
-    assert set(rates) == {1, 8} and all(r > 0 for r in rates.values())
-    assert copy_bandwidth(num_bytes=2**20, repeats=1) > 0
-
-
 def test_cpu_this_machine_uses_the_measured_profile(monkeypatch):
-    from kvmap.plan.sim import calibrate
+    from kvmap.plan.sim import machine
     measured = Hardware("cpu-this-machine", 2**34, 1e11, 1e10, compute_efficiency=1.0,
                         bandwidth_efficiency=1.0, layer_overhead_s=1e-4,
-                        gpu_memory_utilization=1.0, reserve_bytes=0)
+                        gpu_memory_utilization=1.0, reserve_bytes=0, source="measured: test",
+                        compute_dtype="fp32")
     calls = []
-    monkeypatch.setattr(calibrate, "this_machine",
+    monkeypatch.setattr(machine, "this_machine",
                         lambda dtype, threads: calls.append((dtype, threads)) or measured)
+    monkeypatch.setattr(machine, "kv_costs", lambda spec, config, dtype, threads:
+                        calls.append((spec, dtype)) or KVCosts(spec, read_s=1e-9))
     data = yaml.safe_load(SMALL)
     data.pop("variants")
     data["hardware"] = {"gpu": "cpu-this-machine", "num_threads": 2, "step_overhead": "1ms"}
     (config,) = parse_sim_scenario(data, "test.yaml").configs
-    assert calls == [("bf16", 2)]
+    assert calls == [("auto", 2), (config.kv.spec, "auto")]
     assert config.hardware.compute_flops == 1e11 and config.hardware.step_overhead_s == 1e-3
+    assert config.kv_costs.read_s == 1e-9 and config.weights == "fp32"
 
 
 def test_scaled_profile_is_a_faster_machine():

@@ -109,9 +109,10 @@ def test_where_memory_binds_the_map_adds_kv_per_running_sequence(tmp_path):
     assert by["int8"].kv_per_seq_bytes == pytest.approx((64 << 20) / 30)
     assert bound_workload(a.configs) == "chat"
     fig = tradeoff_figure(a.configs, a.recommendation.choice)
-    assert [ann.text.split(" (")[0] for ann in fig.layout.annotations][:3] == [
-        "memory vs accuracy", "where memory binds", "speed vs tail latency on chat"]
-    assert fig.layout.xaxis2.title.text == "peak KV per running sequence (MiB), chat"
+    # titles in two lines (three one-line titles overlap at 1,400 pixels)
+    assert [ann.text.split("<br>")[0].split(" (")[0] for ann in fig.layout.annotations][:3] \
+        == ["memory vs accuracy", "where memory binds", "speed vs tail latency on chat"]
+    assert fig.layout.xaxis2.title.text == "peak KV per running sequence<br>(MiB), chat"
     int8 = next(t for t in fig.data if t.mode == "markers+text" and t.xaxis == "x2"
                 and "cfg-int8" in t.customdata)
     assert list(int8.x) == pytest.approx([64 / 30])

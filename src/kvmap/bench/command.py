@@ -2,7 +2,7 @@
 
     kvmap bench [SCENARIO.yaml] [--out DIR] [--quick] [--json] [--retry-failed]
                 [--backend local|ray] [--address ADDR] [--budget 40m] [--no-sizing]
-                [--dry-run]
+                [--dry-run] [--predict GPU|cpu|none]
 
 Before the first cell it prints its estimate, per family of cells and in all, on this
 machine as it runs now, and sizes the scenario to its time budget (``bench.preflight``;
@@ -20,6 +20,11 @@ after storing and printing everything; Ctrl-C exits 130 and says how to resume.
 The trade-off map is the report's: the CLI hands it in (``register(app, tradeoff_map=
 kvmap.report.command.bench_tradeoff_map)``), so the bench imports nothing of the
 report, which sits above it.
+
+Each workload cell's record carries the simulator's prediction of it on this machine's
+hardware profile (``kvmap.plan.sim.predict``, handed to the runner here: the bench's
+machinery imports nothing of ``plan``), with the same configuration on ``--predict``'s
+GPU beside it (spec sheet).
 """
 from __future__ import annotations
 
@@ -45,7 +50,10 @@ class TradeoffMap(Protocol):
 
 # (run directory, console for errors) -> its map, or None after saying why it failed
 MapMaker = Callable[[Path, Console], Optional[TradeoffMap]]
+# --predict's choice -> the runner's cell predictor (``kvmap.plan.sim.predict``)
+PredictorMaker = Callable[[str], Callable]
 _tradeoff_map: MapMaker | None = None      # set by register()
+_make_predictor: PredictorMaker | None = None
 
 
 def bench(
@@ -75,6 +83,10 @@ def bench(
                                    "written; only say whether it fits --budget."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the estimate (and what "
                                  "the budget cuts) and stop before any cell."),
+    predict: str = typer.Option("h100-80gb", "--predict", envvar="KVMAP_BENCH_PREDICT",
+                                help="Store the simulator's prediction of each workload cell "
+                                "beside it, and of the same cell on this catalogued GPU (spec "
+                                "sheet); 'cpu': no GPU; 'none': no prediction."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
@@ -106,7 +118,8 @@ def bench(
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address, retry_failed=retry_failed, cells=cells,
-                              estimate=plan.estimate, searches=True)
+                              estimate=plan.estimate, searches=True,
+                              predict=_predictor(predict))
         from kvmap.runs.store import RunStore
         RunStore(result.run_dir).update_metadata(preflight=plan.to_dict())
     except ValueError as e:
@@ -143,6 +156,15 @@ def bench(
         raise typer.Exit(code=1)
 
 
+def _predictor(choice: str):
+    """The simulator's cell predictor for ``--predict``, from the one the CLI handed in
+    (``plan`` sits above ``bench``); None for 'none' or when none was handed in.
+    ValueError for a GPU the catalogue does not know."""
+    if choice.lower() == "none" or _make_predictor is None:
+        return None
+    return _make_predictor(choice)
+
+
 def _preflight(parsed, budget: str | None, no_sizing: bool, warm: bool, out: Path | None,
                err: Console):
     """The estimate and the budget's plan (``bench.preflight``), printed; exit 2 for a bad
@@ -164,8 +186,10 @@ def _preflight(parsed, budget: str | None, no_sizing: bool, warm: bool, out: Pat
     return plan
 
 
-def register(app: typer.Typer, tradeoff_map: MapMaker) -> None:
-    """Add ``kvmap bench``; its run ends in ``tradeoff_map`` of the run directory."""
-    global _tradeoff_map
-    _tradeoff_map = tradeoff_map
+def register(app: typer.Typer, tradeoff_map: MapMaker,
+             predictor: PredictorMaker | None = None) -> None:
+    """Add ``kvmap bench``; its run ends in ``tradeoff_map`` of the run directory, and
+    ``predictor(--predict)`` predicts each workload cell (None: no predictions)."""
+    global _tradeoff_map, _make_predictor
+    _tradeoff_map, _make_predictor = tradeoff_map, predictor
     app.command("bench")(bench)

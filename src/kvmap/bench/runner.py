@@ -34,6 +34,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 
 from kvmap.bench.backends import CellBackend, LocalBackend, make_backend, run_cell_process
 from kvmap.bench.endpoint_backend import with_endpoints
+from kvmap.bench.predicting_backend import with_predictions
 from kvmap.runs.record import CellRecord
 from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.runs.store import RunLock, RunStore
@@ -122,7 +123,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  show_progress: bool = True, command: list[str] | None = None,
                  backend: str | CellBackend = "local", address: str | None = None,
                  cells: list[CellSpec] | None = None, estimate=None,
-                 searches: bool | None = None) -> RunResult:
+                 searches: bool | None = None, predict=None) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
@@ -146,6 +147,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     if searching:
         from kvmap.bench.search_backend import with_searches
         backend = with_searches(backend, scenario, cells, retry_failed)
+    backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,

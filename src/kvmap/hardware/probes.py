@@ -13,6 +13,16 @@ and with bf16 activations: which is faster depends on the CPU and on the shape (
 the int8 kernel ran a decode row 6x faster with bf16 activations, and a prefill chunk 12x
 slower), so the model picks the activation dtype per phase from these rates.
 
+The compute curve (``matmul_curve``) times the same product at ``CURVE_ROWS`` rows,
+streaming its weights as the decode probe does (up to ``CURVE_FLOPS`` a call, so that the
+many-row points, compute-bound anyway, stay short): the rate a step of that many tokens
+gets from its matrix products, weights read included. On a CPU core a product of a few
+rows neither overlaps its weight stream with its arithmetic nor reaches the peak, so
+the simulator reads this measured curve, not a max of two bounds.
+
+``probe_version`` says which probes a profile holds; a cached profile of an older
+version is measured again.
+
 All rates are FLOP/s (2 x rows x in x out per product) except the bandwidths (bytes/s);
 each is the median of a few repeats after a warm-up, with ``torch.set_num_threads`` as the
 profile's thread count. The whole measurement takes a few seconds.
@@ -26,6 +36,9 @@ from collections.abc import Callable
 
 import torch
 
+PROBE_VERSION = 2                    # 2: matmul_curve
+CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+CURVE_FLOPS = 2e9                    # a curve point streams at most this much work a call
 DEFAULT_SHAPE = (576, 1536)          # (in, out): SmolLM2-135M's up projection
 PREFILL_ROWS = 512
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -64,10 +77,13 @@ def gemm_flops(dtype: torch.dtype, rows: int, k: int, n: int, repeats: int = 3) 
 
 
 def _streamed(make: Callable[[], Callable[[torch.Tensor], object]], x: torch.Tensor,
-              bytes_each: int, stream_bytes: int) -> Callable[[], float]:
-    """A timing of one product over ``stream_bytes`` / ``bytes_each`` weights in turn:
-    each call returns seconds per product."""
-    kernels = [make() for _ in range(max(1, stream_bytes // max(1, bytes_each)))]
+              bytes_each: int, stream_bytes: int, kernels: list | None = None
+              ) -> Callable[[], float]:
+    """A timing of one product over ``stream_bytes`` / ``bytes_each`` weights in turn
+    (the first of ``kernels`` when given, else made): each call returns seconds per
+    product."""
+    count = max(1, stream_bytes // max(1, bytes_each))
+    kernels = kernels[:count] if kernels is not None else [make() for _ in range(count)]
 
     def run() -> float:
         t0 = time.perf_counter()
@@ -150,8 +166,15 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
             dt = DTYPES[name]
             probes["dense", name, "prefill"] = _cached(
                 dense_product(torch.randn(n, k, dtype=dt)), torch.randn(prefill_rows, k, dtype=dt))
+            bytes_each = n * k * dt.itemsize
+            weights = [_dense(dt, k, n)() for _ in range(max(1, stream_bytes // bytes_each))]
             probes["dense", name, "decode"] = _streamed(
-                _dense(dt, k, n), torch.randn(1, k, dtype=dt), n * k * dt.itemsize, stream_bytes)
+                None, torch.randn(1, k, dtype=dt), bytes_each, stream_bytes, weights)
+            for m in CURVE_ROWS:        # the same weights; at most CURVE_FLOPS a call
+                budget = max(bytes_each, int(CURVE_FLOPS / (2 * m * k * n)) * bytes_each)
+                probes["curve", name, str(m)] = _streamed(
+                    None, torch.randn(m, k, dtype=dt), bytes_each, min(stream_bytes, budget),
+                    weights)
         for fmt, (maker, bytes_per_weight) in WEIGHT_KERNELS.items():
             for act in ("fp32", "bf16"):
                 dt = DTYPES[act]
@@ -176,7 +199,7 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
         read = read_bandwidth()
     finally:
         torch.set_num_threads(previous)
-    rows = {"prefill": prefill_rows, "decode": 1}
+    rows = {"prefill": prefill_rows, "decode": 1, **{str(m): m for m in CURVE_ROWS}}
     rates: dict = {}
     for (family, name, phase), ts in times.items():
         rates.setdefault(family, {}).setdefault(name, {})[phase] = \
@@ -186,6 +209,7 @@ def measure_rates(hw, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAP
                for fmt in WEIGHT_KERNELS}
     return {"num_threads": hw.cpu.num_threads, "shape_in_out": [k, n],
             "prefill_rows": prefill_rows, "matmul_flops": rates["dense"],
+            "probe_version": PROBE_VERSION, "matmul_curve": rates["curve"],
             "weight_kernels": kernels, "read_bandwidth_bytes_per_s": read,
             "measured_s": round(time.perf_counter() - t_start, 2),
             "load_avg_1m": os.getloadavg()[0],
@@ -198,6 +222,14 @@ def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     ``repeats`` after a warm-up."""
     x = torch.ones(num_bytes // 8, dtype=torch.int64)
     return num_bytes / _median_s(x.sum, repeats)
+
+
+def copy_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes read + written per second by ``dst.copy_(src)`` of ``num_bytes`` (the
+    convention of ``/work/shared/CALIBRATION.md``); the median of ``repeats``."""
+    src = torch.ones(num_bytes // 2, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / _median_s(lambda: dst.copy_(src), repeats)
 
 
 def bf16_activation_speedup(rates: dict | None, fmt: str) -> float | None:

@@ -257,14 +257,17 @@ def _cache_path(hw: HardwareProfile) -> Path:
 
 def load_cached(hw: HardwareProfile) -> HardwareProfile | None:
     """The cached measured profile of this machine, or None: a missing, corrupt or
-    foreign file (another fingerprint) is ignored, never trusted."""
+    foreign file (another fingerprint) is ignored, never trusted; one measured by older
+    probes (``probe_version``) lacks rates that are now read, and is measured again."""
     path = _cache_path(hw)
     try:
         cached = HardwareProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
-    if cached.fingerprint != hw.fingerprint or not cached.rates:
-        return None
+    from kvmap.hardware.probes import PROBE_VERSION
+    if cached.fingerprint != hw.fingerprint or not cached.rates \
+            or cached.rates.get("probe_version", 1) < PROBE_VERSION:
+        return None                  # measured by older probes: measured again
     return replace(hw, rates=cached.rates)
 
 

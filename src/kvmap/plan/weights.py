@@ -4,6 +4,8 @@ Only the decoder's linear layers (q, k, v, o, gate, up, down and every expert's 
 quantized; embeddings, the LM head, norms, biases and an MoE router stay bf16, as in
 vLLM's fp8 / int8 / AWQ / GPTQ checkpoints. Per linear weight of ``out x in``:
 
+    fp32   4 * out * in                          (a CPU without native bf16 computes in
+                                                 fp32: every tensor is fp32 there)
     bf16   2 * out * in
     fp8    1 * out * in + 4                      one fp32 scale per tensor (vLLM fp8)
     int8   1 * out * in + 2 * out                one fp16 scale per output channel (W8A16)
@@ -47,7 +49,11 @@ def _int4(out_features: int, in_features: int) -> float:
     return out_features * in_features / 2 + out_features * num_groups * 2 * BF16_BYTES
 
 
-WEIGHT_FORMATS = {"bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4}
+def _fp32(out_features: int, in_features: int) -> float:
+    return 4 * out_features * in_features
+
+
+WEIGHT_FORMATS = {"fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4}
 
 
 def _is_quantized_linear(name: str, shape: tuple[int, ...]) -> bool:
@@ -70,11 +76,13 @@ def _extra_expert_params(model: PlanModel) -> int:
 
 
 def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
-    """Bytes of all weights in format ``fmt`` (``bf16 | fp8 | int8 | w8a8 | int4``), rounded up."""
+    """Bytes of all weights in format ``fmt`` (``fp32 | bf16 | fp8 | int8 | w8a8 | int4``),
+    rounded up."""
     key = fmt.strip().lower()
     if key not in WEIGHT_FORMATS:
         raise ValueError(f"weights={fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     linear = WEIGHT_FORMATS[key]
+    other_bytes = 4 if key == "fp32" else BF16_BYTES     # embeddings, norms, head, router
     c = model.config
     total = 0.0
     for name, shape in weight_shapes(c).items():
@@ -83,9 +91,9 @@ def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
             copies = model.num_experts if ".mlp." in name else 1
             total += copies * linear(*shape)
         else:
-            total += BF16_BYTES * math.prod(shape)
+            total += other_bytes * math.prod(shape)
     router_params = c.num_layers * c.hidden_size * model.num_experts if model.num_experts > 1 else 0
-    return math.ceil(total + BF16_BYTES * router_params)
+    return math.ceil(total + other_bytes * router_params)
 
 
 def engine_weight_bytes(config, quantization: str | None = None,

@@ -17,6 +17,7 @@ from kvmap.report.fragmentation import HEADERS as FRAGMENTATION_HEADERS
 from kvmap.report.fragmentation import formatted, fragmentation_rows
 from kvmap.report.intervals import METHOD
 from kvmap.report.constraints import fmt, slo_text
+from kvmap.report.prediction_view import prediction_context
 from kvmap.report.table import metric_rows, slug
 from kvmap.report.timeseries import timeseries_figures
 
@@ -93,6 +94,7 @@ def context(a: Analysis) -> dict:
                          "feasible": d.recommendation.feasible,
                          "lines": d.recommendation.lines()} for d in a.deployments],
         "tune": _tune_path(a.run.run_dir),
+        **prediction_context(a.run),
     }
 
 

@@ -126,9 +126,10 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
     on the primary workload, both with intervals."""
     wl = next((c.primary_workload for c in configs if c.primary_workload), "")
     bound = bound_workload(configs)
-    titles = ["memory vs accuracy (lower-left is better)"]
-    titles += [f"where memory binds ({bound}): cost of a sequence"] if bound else []
-    titles += [f"speed vs tail latency on {wl} (upper-left is better)"]
+    # two lines each: three one-line titles run into each other on a 1,400-pixel window
+    titles = ["memory vs accuracy<br>(lower-left is better)"]
+    titles += [f"where memory binds ({bound}):<br>cost of a sequence"] if bound else []
+    titles += [f"speed vs tail latency on {wl}<br>(upper-left is better)"]
     fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.08,
                         subplot_titles=titles)
     worst = [c.worst_task for c in configs]
@@ -137,7 +138,7 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
     memory_axes = [([c.peak_kv_bytes for c in configs], "peak resident KV (MiB)")]
     if bound:
         memory_axes.append(([c.kv_per_seq_bytes for c in configs],
-                            f"peak KV per running sequence (MiB), {bound}"))
+                            f"peak KV per running sequence<br>(MiB), {bound}"))
     legend: set = set()
     left = False
     for col, (values, title) in enumerate(memory_axes, start=1):
@@ -160,7 +161,7 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
             legend)
     fig.update_xaxes(title_text="P99 time between tokens (ms)", row=1, col=col)
     fig.update_yaxes(title_text="output tokens/s", row=1, col=col)
-    fig.update_layout(height=520, margin=dict(t=60, b=50), legend_title_text="family",
+    fig.update_layout(height=540, margin=dict(t=80, b=70), legend_title_text="family",
                       template="plotly_white", hoverlabel=dict(align="left"))
     return fig
 

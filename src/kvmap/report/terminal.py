@@ -98,12 +98,15 @@ def checklist_table(a: Analysis, config: str | None = None) -> Table:
 
 
 def summary(a: Analysis) -> Group:
-    from kvmap.report.power import power_lines
-    fragmentation = fragmentation_table(a.run.cells)
     from kvmap.report.capacity import search_lines
+    from kvmap.report.power import power_lines
+    from kvmap.report.prediction_view import calibration_table, prediction_text
+    fragmentation = fragmentation_table(a.run.cells)
+    predicted = calibration_table(a.run)
     power = search_lines(a.run.run_dir) + power_lines(a.configs, a.run.metadata)
     return Group(tradeoff_table(a), *([fragmentation] if fragmentation else []),
-                 recommendation_text(a), deployments_text(a), checklist_table(a),
+                 recommendation_text(a), deployments_text(a), prediction_text(a.run),
+                 *([predicted] if predicted else []), checklist_table(a),
                  *([Text("\n".join(power))] if power else []))
 
 

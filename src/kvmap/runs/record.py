@@ -20,7 +20,7 @@ RECORD_SCHEMA_NAME = "kvmap.bench.cell"
 RECORD_VERSION = 1
 RECORD_SCHEMA = f"{RECORD_SCHEMA_NAME}/{RECORD_VERSION}"
 _REQUIRED = ("cell_id", "kind", "model", "kv")
-_ABSENT_WHEN_NONE = ("traceback", "env", "task_kind", "estimate")     # as records were written before
+_ABSENT_WHEN_NONE = ("traceback", "env", "task_kind", "estimate", "prediction")     # as records were written before
 
 
 def now_iso() -> str:
@@ -56,6 +56,8 @@ class CellRecord:
     env: dict | None = None
     # the preflight's estimate of the cell and its actual wall time (``bench.estimate``)
     estimate: dict | None = None
+    # the simulator's prediction of a workload cell on this machine (``plan.sim.predict``)
+    prediction: dict | None = None
     schema: str = RECORD_SCHEMA
     extra: dict = field(default_factory=dict)
 

@@ -1,24 +1,21 @@
-"""``cpu-this-machine``: simulator hardware measured on this machine by microbenchmarks.
+"""What the simulator measures of this machine with the engine itself: the overheads of a
+step, and a speed probe that follows the machine's load.
 
-Three measurements, each a mean of repeats, with ``torch.set_num_threads(num_threads)``
-(restored afterwards) so that they match an engine run with the same thread count:
+The rates (matrix products, the weight stream) are the machine's hardware profile
+(:mod:`kvmap.plan.sim.machine`); what only the engine can show is here:
 
-- ``compute_flops`` and ``compute_curve``: the engine's own matrix product
-  (``kvmap.model.linear.PackedLinear``, oneDNN with a prepacked weight) by ``M`` = 1 ...
-  1024 rows, cycling through 64 MiB of random weights of ``matmul_shapes`` (default one
-  4096 x 1024 matrix; :func:`layer_shapes` gives a model's, to measure at its shapes) in
-  the engine's dtype, so weights stream from memory as in a forward pass: the best rate is
-  the peak, and each ``M``'s share of it is the curve (a decode step multiplies a few
-  rows at a time, far below the peak rate), made non-decreasing in ``M``;
-- ``memory_bandwidth``: bytes read plus written per second by a tensor copy larger than
-  the caches (the convention of ``/work/shared/CALIBRATION.md``);
 - the overheads: the time of a decode step of kvmap's own engine on random-weight models
   so small (hidden 64) that FLOPs and bytes are nothing, at two layer counts and two
   batch sizes, solved for ``step = step_overhead + layers x layer_overhead + batch x
   (seq_overhead + layers x seq_layer_overhead)``. This is the per-operator dispatch and
   the scheduler, input-building and sampler work a CPU step pays whatever the model.
 
-Efficiencies are 1: the rates are what the machine achieved, not spec-sheet peaks.
+- the activations: prefill chunks of 256 and 512 tokens through one and through three
+  decoder layers of the model's own shape (random weights, :func:`activation_s`), the
+  difference is one layer; what it takes beyond its matrix products at the profile's
+  rate is the layer's elementwise work, per token (norms, rotary, SiLU, residual adds)
+  and per causal pair of the chunk's attention (masks, softmax, copies), which a tiny
+  model cannot show (it scales with the hidden size and the chunk).
 
 On a shared machine the speed drifts within seconds. :func:`speed_probe_s` times a
 fixed mix of about half a second on an idle machine (matrix products streaming weights, a large copy, small-operator
@@ -29,94 +26,17 @@ simulator with the engine on SmolLM2-135M is a prediction, not a fit.
 """
 from __future__ import annotations
 
-import functools
 import statistics
 import time
+from dataclasses import replace
 
-import psutil
 import torch
 
 from kvmap.plan.sim.hardware import Hardware
+from kvmap.plan.sim.kvcost import FIXED, PER_TOKEN, KVCosts
 
-THIS_MACHINE = "cpu-this-machine"
 OVERHEAD_LAYERS = (1, 8)
 OVERHEAD_BATCHES = (1, 16)
-CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-def _mean_s(fn, repeats: int) -> float:
-    """Mean seconds of ``fn`` after a warm-up. A mean, not a median or a minimum: on a
-    shared machine a long run sees the bursts of load too, and so must its prediction."""
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
-
-
-def matmul_curve(dtype: torch.dtype = torch.bfloat16,
-                 shapes: tuple[tuple[int, int], ...] = ((4096, 1024),),
-                 rows: tuple[int, ...] = CURVE_ROWS, repeats: int = 5,
-                 stream_bytes: int = 64 * 2**20) -> dict[int, float]:
-    """FLOP/s of the engine's ``PackedLinear`` over weights of ``shapes`` ((out, in) each,
-    as a model's layer holds them) for each number of ``rows``.
-
-    As in a forward pass, every call multiplies by another weight: the calls cycle through
-    copies of the shapes, ``stream_bytes`` in all, so the weights come from memory, not
-    from the caches, and the small-``rows`` rates include reading them. A call's fixed
-    cost stays in: small matrices pay it at every call (the tiny-model overheads count
-    it again, a few microseconds per matrix)."""
-    from kvmap.model.linear import PackedLinear
-
-    def per_call_s(linears: list, inputs: list) -> float:
-        def run() -> None:
-            for linear, x in zip(linears, inputs):
-                linear(x)
-        return _mean_s(run, 1) / len(linears)
-
-    bytes_per_set = sum(n * k for n, k in shapes) * torch.finfo(dtype).bits // 8
-    num_sets = max(1, stream_bytes // bytes_per_set)
-    linears = [PackedLinear(torch.randn(n, k, dtype=dtype))
-               for _ in range(num_sets) for n, k in shapes]
-    flops_per_row = 2 * sum(n * k for n, k in shapes) * num_sets
-    inputs = {m: [torch.randn(m, linear.weight.shape[1], dtype=dtype) for linear in linears]
-              for m in rows}
-    # Passes over all row counts, interleaved, and the median per row count: a burst of
-    # the machine's other load then hits one pass of every row count, not one row count.
-    samples: dict[int, list[float]] = {m: [] for m in rows}
-    for _ in range(repeats):
-        for m in rows:
-            seconds = per_call_s(linears, inputs[m]) * len(linears)
-            samples[m].append(m * flops_per_row / seconds)
-    return {m: statistics.median(rates) for m, rates in samples.items()}
-
-
-def layer_shapes(config) -> tuple[tuple[int, int], ...]:
-    """The (out, in) shapes of one decoder layer's matrices (``kvmap.model.shapes``)."""
-    from kvmap.model.shapes import weight_shapes
-    return tuple(shape for name, shape in weight_shapes(config).items()
-                 if name.startswith("model.layers.0.") and name.endswith("_proj.weight"))
-
-
-def copy_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes read + written per second by ``dst.copy_(src)``."""
-    src = torch.ones(num_bytes // 2, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    return 2 * num_bytes / _mean_s(lambda: dst.copy_(src), repeats)
-
-
-def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes read per second by a sum over ``num_bytes`` of int64 (a stream of reads with
-    no writes, as a decode step's matrix products read their weights); the median of
-    ``repeats`` after a warm-up."""
-    x = torch.ones(num_bytes // 8, dtype=torch.int64)
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times)
 
 
 def decode_step_s(num_layers: int, batch: int = 1, dtype: str = "bf16", num_tokens: int = 17,
@@ -151,32 +71,50 @@ def measure_overheads(dtype: str = "bf16") -> dict[str, float]:
             "seq_overhead_s": seq, "seq_layer_overhead_s": seq_layer}
 
 
-def measure_this_machine(dtype: str = "bf16", num_threads: int = 1,
-                         matmul_shapes: tuple[tuple[int, int], ...] = ((4096, 1024),)
-                         ) -> Hardware:
-    """Measure this machine (about ten seconds); see the module docstring."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16,
-                       "fp32": torch.float32}[dtype]
-        rates = matmul_curve(torch_dtype, shapes=matmul_shapes)
-        bandwidth = copy_bandwidth()
-        overheads = measure_overheads(dtype)
-    finally:
-        torch.set_num_threads(previous)
-    peak = max(rates.values())
-    # Non-decreasing: more rows never multiply slower in steady state; a dip is a burst of
-    # load from the machine's other users during that one measurement.
-    curve, best = [], 0.0
-    for m, rate in sorted(rates.items()):
-        best = max(best, rate)
-        curve.append((m, min(1.0, best / peak)))
-    curve = tuple(curve)
-    return Hardware(name=THIS_MACHINE, memory_bytes=psutil.virtual_memory().total,
-                    compute_flops=peak, memory_bandwidth=bandwidth, compute_efficiency=1.0,
-                    bandwidth_efficiency=1.0, compute_curve=curve, gpu_memory_utilization=1.0,
-                    reserve_bytes=0, **overheads)
+def layer_prefill_s(shape: str, num_layers: int, num_tokens: int, dtype: str,
+                    repeats: int = 5) -> float:
+    """Fastest of ``repeats`` prefills of one ``num_tokens``-token prompt through random
+    weights of catalogued ``shape`` cut to ``num_layers`` layers (and a 256-token
+    vocabulary: the output head is not what is measured)."""
+    from kvmap import LLM, SamplingParams
+    llm = LLM(model=f"dummy:{shape}?layers={num_layers}&vocab=256", dtype=dtype, kv=dtype,
+              num_blocks=num_tokens // 16 + 4, block_size=16, max_num_seqs=1,
+              max_num_batched_tokens=num_tokens, device="cpu", enable_prefix_caching=False)
+    prompt = [1 + i % 250 for i in range(num_tokens)]
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    llm.generate([prompt], params)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        llm.generate([prompt], params)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def activation_s(shape: str, hw: Hardware, dtype: str, tokens: tuple = (256, 512)
+                 ) -> dict[str, float]:
+    """A prefill chunk's seconds per layer beyond its matrix products and its attention's
+    FLOPs on ``hw`` (the module docstring), split by two chunk lengths into a part per
+    token (``token_s``: norms, rotary, activations, residual adds) and a part per causal
+    (query, key) pair (``pair_s``: the chunk attention's masks, softmax and copies), each
+    at least 0."""
+    from kvmap.model.shapes import get_shape
+    c = get_shape(shape)
+    weights = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) \
+        + 3 * c.hidden_size * c.intermediate_size
+    rest = {}
+    for n in tokens:
+        per_layer_s = (layer_prefill_s(shape, 3, n, dtype)
+                       - layer_prefill_s(shape, 1, n, dtype)) / 2
+        products_s = max(2 * n * weights / (hw.effective_flops * hw.curve_efficiency(n)),
+                         weights * {"fp32": 4}.get(dtype, 2) / hw.effective_bandwidth)
+        attention_s = n * (n + 1) / 2 * 4 * c.num_heads * c.head_dim / hw.effective_flops
+        rest[n] = per_layer_s - products_s - attention_s
+    (n0, n1), pairs = tokens, {n: n * (n + 1) // 2 for n in tokens}
+    # rest(n) = token_s n + pair_s pairs(n), two equations
+    pair_s = max(0.0, (rest[n1] * n0 - rest[n0] * n1) / (pairs[n1] * n0 - pairs[n0] * n1))
+    token_s = max(0.0, (rest[n0] - pair_s * pairs[n0]) / n0)
+    return {"token_s": token_s, "pair_s": pair_s}
 
 
 def speed_probe_s(dtype: torch.dtype = torch.bfloat16) -> float:
@@ -204,7 +142,6 @@ def speed_probe_s(dtype: torch.dtype = torch.bfloat16) -> float:
 
 def scaled(hw: Hardware, factor: float) -> Hardware:
     """``hw`` on a machine ``factor`` times as fast (rates up, fixed costs down)."""
-    from dataclasses import replace
     return replace(hw, compute_flops=hw.compute_flops * factor,
                    memory_bandwidth=hw.memory_bandwidth * factor,
                    step_overhead_s=hw.step_overhead_s / factor,
@@ -213,7 +150,6 @@ def scaled(hw: Hardware, factor: float) -> Hardware:
                    seq_layer_overhead_s=hw.seq_layer_overhead_s / factor)
 
 
-@functools.lru_cache(maxsize=4)
-def this_machine(dtype: str = "bf16", num_threads: int = 1) -> Hardware:
-    """:func:`measure_this_machine`, measured once per process."""
-    return measure_this_machine(dtype, num_threads)
+def scaled_costs(costs: KVCosts, factor: float) -> KVCosts:
+    """``costs`` on a machine ``factor`` times as fast (every time divided by it)."""
+    return replace(costs, **{k: getattr(costs, k) / factor for k in (*PER_TOKEN, *FIXED)})

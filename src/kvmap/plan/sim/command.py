@@ -90,6 +90,9 @@ def print_results(name: str, description: str, results: list[SimResult]) -> None
             f"{r.kv['mean_running']:.1f} / {r.kv['max_running']}",
             format_bytes(r.kv["peak_hbm_kv_bytes_per_seq"]), ", ".join(hits) or "-", bound)
     console.print(table)
+    for label in dict.fromkeys(r.config.get("hardware_label") for r in results):
+        if label:
+            console.print(f"hardware {label}")
     for r in results:
         console.print(f"{r.name}: bottleneck over time: {_timeline(r)}")
         for name, t in r.tiers.items():

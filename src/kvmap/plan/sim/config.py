@@ -11,6 +11,7 @@ from kvmap.kv.config import KVConfig
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import PlanModel
 from kvmap.plan.sim.hardware import Hardware, TierHardware
+from kvmap.plan.sim.kvcost import KVCosts
 from kvmap.workloads.spec import WorkloadSpec
 
 PREFETCH_MODES = ("none", "queue")
@@ -62,7 +63,9 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything one simulation needs; ``name`` labels it in the results."""
+    """Everything one simulation needs; ``name`` labels it in the results. ``kv_costs``:
+    what the KV configuration's own operators cost on ``hardware`` beyond their bytes
+    (:mod:`kvmap.plan.sim.kvcost`; None: bytes only)."""
 
     name: str
     model: PlanModel
@@ -74,6 +77,7 @@ class SimConfig:
     eviction: str = "lru"
     prefetch: str = "none"
     engine: EngineSettings = EngineSettings()
+    kv_costs: KVCosts | None = None
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_ORDERS:           # the engine's tiers' own orders
@@ -94,9 +98,10 @@ class SimConfig:
         hw = self.hardware
         return {
             "name": self.name, "model": self.model.name, "weights": self.weights,
-            "hardware": dict(hw.__dict__), "kv": self.kv.spec,
+            "hardware": dict(hw.__dict__), "hardware_label": hw.label, "kv": self.kv.spec,
             "tiers": [dict(t.__dict__) for t in self.tiers], "eviction": self.eviction,
             "prefetch": self.prefetch, "engine": dict(self.engine.__dict__),
+            "kv_costs": None if self.kv_costs is None else self.kv_costs.to_dict(),
             "workload": None if self.workload is None else {
                 "name": self.workload.name, "kind": self.workload.kind,
                 "num_requests": self.workload.num_requests,

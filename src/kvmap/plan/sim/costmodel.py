@@ -12,17 +12,21 @@ another, so each class of kernels is its own roofline and the classes add up::
     kv_bytes     = (kv_read_tokens + kv_write_tokens) x KV bytes/token/device (exact codec)
     rate         = num_devices x peak x compute_efficiency
     matmul_s     = max(matmul_flops / (rate x curve(num_tokens)), weight_bytes / bandwidth)
-    attention_s  = max(attn_flops / rate, kv_bytes / bandwidth)
+    attention_s  = max(attn_flops / rate, kv_bytes / bandwidth, codec_s)
+    codec_s      = the KV configuration's own operators (:mod:`kvmap.plan.sim.kvcost`:
+                   the codec's read and write, a policy's scoring; 0 for bytes only)
     comm_s       = num_tokens x 2 all-reduces/layer x hidden x 2 B x 2(n-1)/n / link  (TP)
     link_s[l]    = bytes streamed over tier link l this step / its bandwidth (offloaded KV)
     overhead     = step_overhead + layers x layer_overhead
                    + num_seqs x (seq_overhead + layers x seq_layer_overhead)
+                   + layers x (codec step_s [if it decodes] + num_decode x codec seq_s)
     step_s       = overhead + comm_s + max(matmul_s + attention_s, link_s...)  streams overlap
                  = overhead + comm_s + matmul_s + attention_s + sum(link_s)    they do not
 
 (``bandwidth`` is the HBM's times ``bandwidth_efficiency``.) Each class's time is charged
-to the resource that bounds it, ``compute`` or ``hbm``, so ``compute_s + hbm_s`` is
-``matmul_s + attention_s``: a decode step's matrix products are bound by reading the
+to the resource that bounds it, ``compute``, ``hbm`` or ``kv_codec`` (attention bound by
+the codec's operators rather than by its FLOPs or bytes), so ``compute_s + hbm_s +
+kv_codec_s`` is ``matmul_s + attention_s``: a decode step's matrix products are bound by reading the
 weights, its attention by reading the KV; a long prefill is compute-bound throughout.
 
 ``attention_pairs`` counts (query token, key token) pairs: a decode over a context of c
@@ -42,6 +46,7 @@ from kvmap.kv.spec import KVGeometry
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import PlanModel
 from kvmap.plan.sim.hardware import Hardware
+from kvmap.plan.sim.kvcost import KVCosts
 from kvmap.plan.weights import weight_bytes
 
 ACTIVATION_BYTES = 2        # bf16 activations in the tensor-parallel all-reduce
@@ -62,6 +67,7 @@ class ModelCost:
     kv_block_bytes: int                # the block on all devices (what a tier stores)
     block_size: int
     allreduce_bytes_per_token: float   # per device, all layers (0 without TP)
+    kv_costs: KVCosts | None = None    # the KV configuration's own operators, per layer
 
     @property
     def kv_bytes_per_token_per_device(self) -> float:
@@ -73,8 +79,9 @@ class ModelCost:
 
 
 def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 16,
-               weights: str = "bf16") -> ModelCost:
-    """The constants of ``model`` with KV configuration ``kv`` on ``hw``."""
+               weights: str = "bf16", kv_costs: KVCosts | None = None) -> ModelCost:
+    """The constants of ``model`` with KV configuration ``kv`` on ``hw`` (``kv_costs``:
+    what its codec and policy cost beyond their bytes; None: nothing)."""
     c = model.config
     n = hw.num_devices
     heads_per_device = capacity.kv_heads_per_gpu(c.num_kv_heads, c.num_heads, n)
@@ -96,7 +103,8 @@ def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 1
         else kv.codec.block_bytes(KVGeometry.of(c, block_size), capacity.COMPUTE_DTYPE),
         block_size=block_size,
         allreduce_bytes_per_token=(0.0 if n == 1 else 2 * c.num_layers * c.hidden_size
-                                   * ACTIVATION_BYTES * 2 * (n - 1) / n))
+                                   * ACTIVATION_BYTES * 2 * (n - 1) / n),
+        kv_costs=kv_costs if kv_costs is not None and kv_costs.charges else None)
 
 
 def causal_pairs(start_token: int, end_token: int) -> int:
@@ -115,6 +123,41 @@ class StepLoad:
     kv_write_tokens: int           # KV tokens written to HBM
     link_bytes: dict = field(default_factory=dict)   # tier link -> KV bytes streamed
     num_seqs: int = 1              # sequences in the batch
+    num_decode: int = 0            # of which decoding (one token each)
+    decode_read_tokens: int = 0    # of kv_read_tokens, those decode rows attend
+    stats_tokens: int = 0          # cached tokens a policy's attention statistics cover
+    compress_tokens: float = 0.0   # tokens of sequences a policy compresses (amortized)
+
+
+class KVWork:
+    """What one step asks of the KV configuration's own operators, item by item: decode
+    rows and the tokens they attend, the tokens a policy's attention statistics cover
+    (decode rows, when it asks for them), and the tokens it compresses -- every
+    ``decode_every_steps`` decodes (amortized over them), and a prompt once, by the
+    chunk that completes it. The counts are :class:`~kvmap.plan.sim.costmodel.StepLoad`
+    fields."""
+
+    def __init__(self, policy, block_size: int):
+        self.policy = policy
+        self.every = policy.decode_every_steps(block_size) if policy is not None else 0
+        self.stats = policy is not None and (policy.needs_window_attention
+                                             or policy.needs_accumulated_attention)
+        self.num_decode = self.decode_read_tokens = self.stats_tokens = 0
+        self.compress_tokens = 0.0
+
+    def add(self, decoding: bool, completes_prompt: bool, num_tokens: int) -> None:
+        """One batch item over ``num_tokens`` cached tokens (its new ones included)."""
+        if decoding:
+            self.num_decode += 1
+            self.decode_read_tokens += num_tokens
+            self.stats_tokens += num_tokens if self.stats else 0
+            self.compress_tokens += num_tokens / self.every if self.every else 0.0
+        elif self.policy is not None and completes_prompt:
+            self.compress_tokens += num_tokens
+
+    def counts(self) -> dict:
+        return {"num_decode": self.num_decode, "decode_read_tokens": self.decode_read_tokens,
+                "stats_tokens": self.stats_tokens, "compress_tokens": self.compress_tokens}
 
 
 @dataclass(frozen=True)
@@ -130,11 +173,28 @@ class StepCost:
     bound: str                     # the resource with the largest time
     flops: float
     hbm_bytes_per_device: float
+    kv_codec_s: float = 0.0        # attention bound by the KV configuration's operators
 
     def resource_s(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "hbm": self.hbm_s,
+        return {"compute": self.compute_s, "hbm": self.hbm_s, "kv_codec": self.kv_codec_s,
                 "interconnect": self.interconnect_s, "overhead": self.overhead_s,
                 **self.link_s}
+
+
+def codec_seconds(mc: ModelCost, load: StepLoad) -> tuple[float, float]:
+    """(seconds of the KV configuration's operators in the attention, seconds of its
+    fixed costs added to the overhead) for ``load`` (0, 0 without ``kv_costs``)."""
+    c = mc.kv_costs
+    if c is None:
+        return 0.0, 0.0
+    prefill_read = load.kv_read_tokens - load.decode_read_tokens
+    per_token = (c.read_s * load.decode_read_tokens + c.prefill_read_s * prefill_read
+                 + c.write_s * load.kv_write_tokens + c.stats_s * load.stats_tokens
+                 + c.compress_s * load.compress_tokens)
+    prefill_pairs = max(0, load.attention_pairs - load.decode_read_tokens)
+    fixed = (c.step_s if load.num_decode else 0.0) + c.seq_s * load.num_decode \
+        + c.activation_s * load.num_tokens + c.pair_s * prefill_pairs
+    return mc.num_layers * per_token, mc.num_layers * fixed
 
 
 def step_cost(mc: ModelCost, hw: Hardware, load: StepLoad, link_bandwidth: dict | None = None,
@@ -147,32 +207,36 @@ def step_cost(mc: ModelCost, hw: Hardware, load: StepLoad, link_bandwidth: dict 
     attn_flops = load.attention_pairs * mc.attention_flops_per_pair
     kv_bytes = (load.kv_read_tokens + load.kv_write_tokens) * mc.kv_bytes_per_token_per_device
     bandwidth = hw.effective_bandwidth
-    compute_s = hbm_s = 0.0
-    for flops_s, bytes_s in (
-            (matmul_flops / (hw.effective_flops * hw.curve_efficiency(load.num_tokens)),
-             mc.weight_bytes_per_device / bandwidth),
-            (attn_flops / hw.effective_flops, kv_bytes / bandwidth)):
-        if flops_s >= bytes_s:
-            compute_s += flops_s
-        else:
-            hbm_s += bytes_s
+    codec_s, codec_fixed_s = codec_seconds(mc, load)
+    times_s = {"compute": 0.0, "hbm": 0.0, "kv_codec": 0.0}
+    # each class of kernels: the resource with the larger time bounds it
+    for candidates in (
+            {"compute": matmul_flops / (hw.effective_flops
+                                        * hw.curve_efficiency(load.num_tokens)),
+             "hbm": mc.weight_bytes_per_device / bandwidth},
+            {"compute": attn_flops / hw.effective_flops, "hbm": kv_bytes / bandwidth,
+             "kv_codec": codec_s}):
+        bound = max(candidates, key=candidates.get)
+        times_s[bound] += candidates[bound]
+    compute_s, hbm_s, kv_codec_s = times_s["compute"], times_s["hbm"], times_s["kv_codec"]
     flops, hbm_bytes = matmul_flops + attn_flops, mc.weight_bytes_per_device + kv_bytes
     comm_s = (load.num_tokens * mc.allreduce_bytes_per_token / hw.interconnect_bandwidth
               if mc.allreduce_bytes_per_token else 0.0)
     overhead_s = (hw.step_overhead_s + mc.num_layers * hw.layer_overhead_s
                   + load.num_seqs * (hw.seq_overhead_s
-                                     + mc.num_layers * hw.seq_layer_overhead_s))
+                                     + mc.num_layers * hw.seq_layer_overhead_s)) \
+        + codec_fixed_s
     link_s = {link: num_bytes / (link_bandwidth or {})[link]
               for link, num_bytes in load.link_bytes.items() if num_bytes}
-    core_s = compute_s + hbm_s
+    core_s = compute_s + hbm_s + kv_codec_s
     if overlap_links:
         body_s = max(core_s, *link_s.values()) if link_s else core_s
     else:
         body_s = core_s + sum(link_s.values())
-    times = {"compute": compute_s, "hbm": hbm_s, "interconnect": comm_s,
-             "overhead": overhead_s, **link_s}
+    times = {"compute": compute_s, "hbm": hbm_s, "kv_codec": kv_codec_s,
+             "interconnect": comm_s, "overhead": overhead_s, **link_s}
     return StepCost(compute_s=compute_s, hbm_s=hbm_s, interconnect_s=comm_s,
                     overhead_s=overhead_s, link_s=link_s,
                     total_s=overhead_s + comm_s + body_s,
                     bound=max(times, key=times.get), flops=flops,
-                    hbm_bytes_per_device=hbm_bytes)
+                    hbm_bytes_per_device=hbm_bytes, kv_codec_s=kv_codec_s)

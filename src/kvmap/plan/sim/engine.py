@@ -42,7 +42,7 @@ from kvmap.plan.sim.blocks import BlockStore
 from kvmap.plan.sim.compaction import (CompactedState, compact, compaction_due, file_state,
                                        take_state)
 from kvmap.plan.sim.config import SimConfig
-from kvmap.plan.sim.costmodel import StepLoad, causal_pairs, model_cost, step_cost
+from kvmap.plan.sim.costmodel import KVWork, StepLoad, causal_pairs, model_cost, step_cost
 from kvmap.plan.sim.results import SimResult, StepLog, build_result
 from kvmap.plan.sim.state import SimState
 from kvmap.plan.sim.workload import SimRequest
@@ -58,7 +58,7 @@ class Simulator:
         e = config.engine
         self.block_size = e.block_size
         self.mc = model_cost(config.model, config.kv, config.hardware, e.block_size,
-                             config.weights)
+                             config.weights, config.kv_costs)
         self.num_hbm_blocks = self._pool_blocks()
         self.policy = config.kv.policy
         self.num_layers = config.model.config.num_layers
@@ -308,8 +308,8 @@ class Simulator:
 
     # ---- one step ------------------------------------------------------------------
     def _load(self, items: list[tuple[SimState, int]]) -> StepLoad:
-        num_tokens = num_sampled = pairs = read = write = 0
-        streamed_blocks = 0
+        num_tokens = num_sampled = pairs = read = write = streamed_blocks = 0
+        work = KVWork(self.policy, self.block_size)
         for st, n in items:
             start, end = st.num_computed, st.num_computed + n
             num_tokens += n
@@ -325,10 +325,12 @@ class Simulator:
                 streamed_blocks += st.num_offloaded
             read += hbm_tokens + n
             write += n
+            work.add(start >= st.req.prompt_tokens, end == st.req.prompt_tokens, hbm_tokens + n)
         link_bytes = {}
         if streamed_blocks:
             link_bytes[self.store.levels[0].spec.link] = self.store.stream(streamed_blocks)
-        return StepLoad(num_tokens, num_sampled, pairs, read, write, link_bytes, len(items))
+        return StepLoad(num_tokens, num_sampled, pairs, read, write, link_bytes, len(items),
+                        **work.counts())
 
     def _step(self, items: list[tuple[SimState, int]]) -> None:
         start_s = self.now_s

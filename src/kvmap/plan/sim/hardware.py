@@ -25,7 +25,12 @@ Each tier names the ``link`` it loads (``pcie``, ``nvme``, ``network``), which i
 results attribute stalls and streaming time to a resource. Presets are in ``TIER_PRESETS``;
 any field can be overridden in a scenario file.
 
-``cpu-this-machine`` is measured, not catalogued: see :mod:`kvmap.plan.sim.calibrate`.
+``cpu-this-machine`` is measured, not catalogued: its rates are the machine's hardware
+profile (``kvmap hw``), see :mod:`kvmap.plan.sim.machine`. ``source`` says which kind a
+``Hardware`` is -- ``spec-sheet`` (a catalogued GPU: vendor peaks times assumed
+efficiencies, until a record from a real device calibrates it), ``measured`` (this
+machine's profile), ``custom`` (rates given by hand) -- and :attr:`Hardware.label` is
+the phrase every output that uses it shows.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from kvmap.plan.catalogue import get_gpu
 
-RESOURCES = ("compute", "hbm", "interconnect", "overhead")   # + one per tier link
+RESOURCES = ("compute", "hbm", "kv_codec", "interconnect", "overhead")   # + one per tier link
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Hardware:
     compute_curve: tuple = ()              # ((num_tokens, efficiency multiplier), ...)
     gpu_memory_utilization: float = 0.9
     reserve_bytes: int = 2 * 2**30         # per device: activations, graphs, NCCL
+    source: str = "custom"                 # "spec-sheet" | "measured: ..." | "custom"
+    compute_dtype: str = "bf16"            # the dtype the rates are of (weights default)
 
     def __post_init__(self) -> None:
         for name in ("compute_flops", "memory_bandwidth"):
@@ -82,6 +89,20 @@ class Hardware:
         if self.num_devices > 1 and not self.interconnect_bandwidth > 0:
             raise ValueError(f"hardware.interconnect_bandwidth must be > 0 with "
                              f"num_devices={self.num_devices}")
+
+    @property
+    def is_spec_sheet(self) -> bool:
+        return self.source == "spec-sheet"
+
+    @property
+    def label(self) -> str:
+        """How far to trust the rates, in words, for every output that uses them."""
+        if self.is_spec_sheet:
+            return (f"{self.name}: spec sheet x assumed efficiency (compute "
+                    f"{self.compute_efficiency:.0%}, bandwidth {self.bandwidth_efficiency:.0%})")
+        if self.source.startswith("measured"):
+            return f"{self.name}: {self.source}"
+        return f"{self.name}: rates given by hand"
 
     @property
     def effective_flops(self) -> float:
@@ -116,7 +137,7 @@ def gpu_hardware(name: str, num_devices: int = 1, **overrides) -> Hardware:
                   memory_bandwidth=gpu.memory_bandwidth_bytes_per_s, num_devices=num_devices,
                   interconnect_bandwidth=gpu.interconnect_bytes_per_s,
                   # a few microseconds of launches per layer, a scheduler tick per step
-                  step_overhead_s=1e-3, layer_overhead_s=10e-6)
+                  step_overhead_s=1e-3, layer_overhead_s=10e-6, source="spec-sheet")
     return replace(hw, **overrides)
 
 

@@ -4,10 +4,15 @@
     description: what the experiment shows
     seed: 0
     model: llama-2-13b                 # catalogued name or a HF config.json path
-    weights: bf16                      # bf16 | fp8 | int8 | int4
+    weights: bf16                      # fp32 | bf16 | fp8 | int8 | int4 (default: bf16;
+                                       # cpu-this-machine: its compute dtype)
     hardware: {gpu: a100-80gb, num_devices: 1, compute_efficiency: 0.6}
-                                       # or gpu: cpu-this-machine (measured), or no gpu and
+                                       # or gpu: cpu-this-machine (the machine's hardware
+                                       # profile; dtype: auto, num_threads), or no gpu and
                                        # memory, compute_flops, memory_bandwidth given
+    kv_costs: {read: 2ns, write: 5ns}  # optional: the KV configuration's own operators per
+                                       # layer and token (kvmap.plan.sim.kvcost); measured
+                                       # on cpu-this-machine, bytes only on a GPU
     tiers:                             # top to bottom; presets host | nvme | network
       - {name: host, capacity: 256GiB}
       - {name: nvme, capacity: 2TiB, bandwidth: 7GB/s, latency: 80us, iops: 500000}
@@ -44,11 +49,14 @@ from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.plan.catalogue import get_model
 from kvmap.plan.sim.config import PREFETCH_MODES, EngineSettings, SimConfig
 from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, TierHardware, gpu_hardware
+from kvmap.plan.sim.kvcost import FIXED, PER_TOKEN, KVCosts
 from kvmap.plan.weights import WEIGHT_FORMATS
 from kvmap.workloads.options import WORKLOAD_KEYS, workload_spec
 
+THIS_MACHINE = "cpu-this-machine"
+
 TOP_KEYS = {"name", "description", "seed", "model", "weights", "hardware", "tiers", "kv",
-            "eviction", "prefetch", "engine", "workload", "variants"}
+            "eviction", "prefetch", "engine", "workload", "variants", "kv_costs"}
 VARIANT_KEYS = TOP_KEYS - {"description", "seed", "variants"}
 HARDWARE_KEYS = {"gpu", "num_devices", "memory", "compute_flops", "memory_bandwidth",
                  "interconnect_bandwidth", "compute_efficiency", "bandwidth_efficiency",
@@ -124,7 +132,7 @@ def parse_hardware(raw: Any) -> Hardware:
     raw = dict(_mapping(raw, "hardware"))
     _unknown(raw, HARDWARE_KEYS, "hardware")
     gpu = raw.pop("gpu", None)
-    num_threads, dtype = raw.pop("num_threads", 1), raw.pop("dtype", "bf16")
+    num_threads, dtype = raw.pop("num_threads", 1), raw.pop("dtype", "auto")
     fields: dict[str, Any] = {}
     converters = {"memory": ("memory_bytes", lambda v, w: parse_size(v, w)),
                   "compute_flops": ("compute_flops", parse_flops),
@@ -143,13 +151,26 @@ def parse_hardware(raw: Any) -> Hardware:
         if missing:
             raise ValueError(f"hardware: without gpu, give {', '.join(missing)}")
         return Hardware(name="custom", **fields)
-    if str(gpu).lower() == "cpu-this-machine":
-        from kvmap.plan.sim.calibrate import this_machine
-        return replace(this_machine(dtype, num_threads), **fields)
+    if str(gpu).lower() == THIS_MACHINE:
+        from kvmap.plan.sim import machine
+        return replace(machine.this_machine(dtype, num_threads), **fields)
     try:
         return gpu_hardware(str(gpu), **fields)
     except ValueError as e:
-        raise ValueError(f"hardware.gpu: {e}") from None
+        raise ValueError(f"hardware.gpu: {e}, or {THIS_MACHINE} (this machine's measured "
+                         f"profile); or give the rates by hand without gpu: hardware: "
+                         f"{{memory: 80GiB, compute_flops: 989T, memory_bandwidth: 3.35TB/s}}"
+                         ) from None
+
+
+def parse_kv_costs(raw: Any, spec: str = "given") -> KVCosts:
+    """``kv_costs: {read: 2ns, prefill_read: 1ns, write: 5ns, stats: 0, compress: 0,
+    step: 20us, seq: 1us}``: seconds per layer (per token, per step, per decoding row)."""
+    raw = dict(_mapping(raw, "kv_costs"))
+    names = {name.removesuffix("_s"): name for name in (*PER_TOKEN, *FIXED)}
+    _unknown(raw, set(names), "kv_costs")
+    return KVCosts(spec=spec, source="given",
+                   **{names[k]: parse_duration(v, f"kv_costs.{k}") for k, v in raw.items()})
 
 
 def parse_tiers(raw: Any) -> tuple[TierHardware, ...]:
@@ -237,7 +258,10 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
         problems.append(f"{where}workload: missing")
     else:
         section("workload", lambda v: parse_workload(v, seed, base_dir))
-    section("kv", lambda v: KVConfig.parse(str(v)), KVConfig.parse("bf16"))
+    # a spec without a codec stores what the machine computes in (fp32 on a CPU without bf16)
+    kv_dtype = parts["hardware"].compute_dtype if parts.get("hardware") is not None else None
+    section("kv", lambda v: KVConfig.parse(str(v), dtype=kv_dtype),
+            KVConfig.parse("auto", dtype=kv_dtype))
     section("tiers", parse_tiers, ())
     section("engine", parse_engine, EngineSettings())
 
@@ -246,7 +270,21 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
             raise ValueError(f"weights={v!r} is not one of {', '.join(WEIGHT_FORMATS)}")
         return str(v).lower()
 
-    section("weights", weights, "bf16")
+    hw = parts.get("hardware")
+    # weights default to the dtype the machine computes in (fp32 on a CPU without bf16)
+    section("weights", weights, hw.compute_dtype if hw is not None and hw.name == THIS_MACHINE
+            else "bf16")
+    section("kv_costs", parse_kv_costs)
+    if parts.get("kv_costs") is None and hw is not None and hw.name == THIS_MACHINE \
+            and hw.source.startswith("measured") and "model" in parts and "kv" in parts:
+        raw_hw = raw["hardware"]
+        try:
+            from kvmap.plan.sim import machine
+            parts["kv_costs"] = machine.kv_costs(parts["kv"].spec, parts["model"].config,
+                                                 raw_hw.get("dtype", "auto"),
+                                                 raw_hw.get("num_threads", 1))
+        except ValueError as e:
+            problems.append(f"{where}kv: {e}")
     choices = {"eviction": str(raw.get("eviction", "lru")).lower(),
                "prefetch": str(raw.get("prefetch", "none")).lower()}
     for key, allowed in (("eviction", EVICTION_ORDERS), ("prefetch", PREFETCH_MODES)):

@@ -1,0 +1,182 @@
+"""The verdict on the map: per deployment, whether each KV configuration is a speed gain
+or only a capacity gain on the hardware the run measured -- one computed sentence each.
+
+For a workload and a model, the baseline is the cell whose KV codec is the model's
+dtype (as the configuration table takes it). For every other configuration:
+
+- *capacity*: the sequences it ran on average over the baseline's (the most at once
+  where a record lacks the mean; a gain above ``1 + CAPACITY_MARGIN``);
+- *speed*: its output throughput over the baseline's, with an interval
+  ``[lo_a / hi_b, hi_a / lo_b]`` from the two cells' throughput intervals
+  (:func:`kvmap.report.noise.throughput_ci`); a gain when the interval lies above 1, a
+  loss when below (without intervals: beyond ``SPEED_MARGIN``);
+- *why*, from the stored predictions (``prediction.roofline``, ``prediction.time_s``):
+  the bytes a decode step reads (the weights, at most the pool's KV), the batch past
+  which a step is compute-bound on this machine (``ridge_num_seqs``), and the share of
+  the predicted time the codec's own operators take;
+- beside it, the same ratio simulated on the GPU the prediction names, labelled with
+  the GPU profile's own words (spec sheet x assumed efficiency).
+
+Records only: the predictions were stored at bench time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvmap.report.noise import throughput_ci
+
+CAPACITY_MARGIN = 0.10
+SPEED_MARGIN = 0.05
+CODEC_SHARE_NOTED = 0.10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    workload: str
+    kv: str
+    baseline: str
+    kind: str                      # speed gain | capacity gain | capacity gain, slower |
+    #                                slower | no change
+    sentence: str
+    measured_ratio: float | None
+    measured_ci: tuple[float, float] | None
+    predicted_ratio: float | None
+    concurrency_ratio: float | None
+    gpu: str | None = None
+    gpu_ratio: float | None = None
+    gpu_label: str | None = None
+
+
+def _mb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e6:,.0f} MB" if num_bytes >= 1e6 else f"{num_bytes / 1e3:,.0f} kB"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _predicted(record: dict, key: str, gpu: bool = False) -> float | None:
+    prediction = record.get("prediction") or {}
+    if gpu:
+        prediction = prediction.get("gpu") or {}
+    return (prediction.get("metrics") or {}).get(key)
+
+
+def _codec_share(record: dict) -> float | None:
+    time_s = (record.get("prediction") or {}).get("time_s") or {}
+    busy = time_s.get("busy")
+    return time_s.get("kv_codec", 0.0) / busy if busy else None
+
+
+def classify(ratio: float | None, ci: tuple[float, float] | None, capacity: float | None
+             ) -> str:
+    """speed gain, capacity gain (no speed either way), capacity gain, slower, slower,
+    or no change."""
+    if ratio is None:
+        faster = slower = False
+    elif ci is not None:
+        faster, slower = ci[0] > 1, ci[1] < 1
+    else:
+        faster, slower = ratio > 1 + SPEED_MARGIN, ratio < 1 - SPEED_MARGIN
+    more = capacity is not None and capacity > 1 + CAPACITY_MARGIN
+    if faster:
+        return "speed gain"
+    if more:
+        return "capacity gain, slower" if slower else "capacity gain"
+    return "slower" if slower else "no change"
+
+
+def reasons(record: dict, base: dict, machine: str) -> list[str]:
+    """Why, in clauses, from the stored predictions (empty without them)."""
+    roof = (base.get("prediction") or {}).get("roofline") or {}
+    out = []
+    if roof.get("weight_bytes") and roof.get("kv_capacity_bytes"):
+        out.append(f"at this workload a decode step reads {_mb(roof['weight_bytes'])} of "
+                   f"weights and at most {_mb(roof['kv_capacity_bytes'])} of KV")
+    ridge = roof.get("ridge_num_seqs")
+    running = (record.get("metrics") or {}).get("concurrency_max")
+    if ridge and running:
+        if running >= ridge:
+            out.append(f"past {ridge} sequences a step is compute-bound on {machine}")
+        else:
+            out.append(f"a step stays weight-bound up to {ridge} sequences on {machine}, so "
+                       f"each more sequence shares the read of the weights")
+    share, base_share = _codec_share(record), _codec_share(base)
+    if share is not None and base_share is not None and share - base_share > CODEC_SHARE_NOTED:
+        out.append(f"its codec's own operators take {share:.0%} of the predicted time "
+                   f"({base_share:.0%} with {base['kv']})")
+    return out
+
+
+def _headline(kind: str, kv: str, capacity: float | None, how: str = "at once") -> str:
+    more = f"{capacity:.1f}x the sequences running {how}" if capacity else ""
+    return {
+        "speed gain": f"{kv} is a speed gain here" + (f" ({more})" if more else ""),
+        "capacity gain": f"{kv} is a capacity gain here, not a speed gain ({more})",
+        "capacity gain, slower": f"{kv} is a capacity gain here at a speed cost ({more})",
+        "slower": f"{kv} is slower here and holds no more sequences",
+        "no change": f"{kv} changes neither speed nor capacity here",
+    }[kind]
+
+
+def verdict(record: dict, base: dict, rows: list[dict] | None = None,
+            base_rows: list[dict] | None = None) -> Verdict:
+    """The verdict of ``record``'s configuration against ``base`` (the same workload)."""
+    m, mb = record.get("metrics") or {}, base.get("metrics") or {}
+    ratio = _ratio(m.get("output_tokens_per_s"), mb.get("output_tokens_per_s"))
+    a, b = throughput_ci(m, rows or []), throughput_ci(mb, base_rows or [])
+    ci = (a[0] / b[1], a[1] / b[0]) if a and b and b[0] > 0 else None
+    # capacity: sequences running on average when both cells say (a pool that preempts
+    # admits many at first and keeps few), else at most
+    key = "concurrency_mean" if m.get("concurrency_mean") and mb.get("concurrency_mean") \
+        else "concurrency_max"
+    capacity = _ratio(m.get(key), mb.get(key))
+    predicted = _ratio(_predicted(record, "output_tokens_per_s"),
+                       _predicted(base, "output_tokens_per_s"))
+    kind = classify(ratio, ci, capacity)
+    machine_class = ((record.get("env") or {}).get("hardware") or {}).get("machine_class")
+    machine = f"this machine ({machine_class})" if machine_class else "this machine"
+    why = reasons(record, base, machine)
+    figures = []
+    if predicted is not None:
+        figures.append(f"predicted {predicted:.2f}x")
+    if ratio is not None:
+        figures.append(f"measured {ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+    sentence = _headline(kind, record["kv"], capacity,
+                         "on average" if key == "concurrency_mean" else "at once")
+    sentence += (": " + ", and ".join(why) if why else "") + \
+        ("; " + ", ".join(figures) if figures else "") + "."
+    gpu = (record.get("prediction") or {}).get("gpu") or {}
+    gpu_ratio = _ratio(_predicted(record, "output_tokens_per_s", gpu=True),
+                       _predicted(base, "output_tokens_per_s", gpu=True))
+    return Verdict(workload=record.get("workload") or "", kv=record["kv"], baseline=base["kv"],
+                   kind=kind, sentence=sentence, measured_ratio=ratio, measured_ci=ci,
+                   predicted_ratio=predicted, concurrency_ratio=capacity,
+                   gpu=gpu.get("name"), gpu_ratio=gpu_ratio, gpu_label=gpu.get("hardware"))
+
+
+def verdicts(cells: list[dict], rows_by_cell: dict[str, list[dict]] | None = None
+             ) -> dict[str, list[Verdict]]:
+    """Workload -> one verdict per non-baseline configuration of each model (cells that
+    ran ok; a workload without a baseline cell has none)."""
+    rows_by_cell = rows_by_cell or {}
+    ok = [c for c in cells if c.get("kind") == "workload" and c.get("status") == "ok"]
+    out: dict[str, list[Verdict]] = {}
+    for c in ok:
+        if c["kv"] == c.get("dtype") and not c.get("quantization"):
+            continue
+        base = next((b for b in ok if b.get("workload") == c.get("workload")
+                     and b.get("model") == c.get("model") and b["kv"] == b.get("dtype")
+                     and not b.get("quantization") and b.get("load") == c.get("load")), None)
+        if base is None:
+            continue
+        out.setdefault(c["workload"], []).append(verdict(
+            c, base, rows_by_cell.get(c["cell_id"]), rows_by_cell.get(base["cell_id"])))
+    return out
+
+
+def gpu_sentence(v: Verdict) -> str | None:
+    """The same configuration on the prediction's GPU, with its label."""
+    if v.gpu is None or v.gpu_ratio is None:
+        return None
+    return f"On {v.gpu_label or v.gpu}: predicted {v.gpu_ratio:.2f}x {v.baseline}'s throughput."
