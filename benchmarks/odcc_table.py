@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_record  # noqa: E402
 
+from kvmap.runs.record import as_dicts  # noqa: E402
 from kvmap.runs.store import RunStore  # noqa: E402
 
 
@@ -24,12 +25,25 @@ COMBO = "snapkv(budget=0.2,evict_to=host)+int8+tiers(host=256MiB)"   # selection
 
 
 def _cells(run: Path) -> list[dict]:
-    return [c for c in RunStore(run).cells() if c.get("status") == "ok"]
+    return [c for c in as_dicts(RunStore(run).cells()) if c.get("status") == "ok"]
+
+
+def _level(c: dict) -> str | None:
+    """A cell's load level: its label, or ``saturated`` for an ``arrival: auto``
+    search's saturated run (the level every configuration of a search shares)."""
+    load = c.get("load") or {}
+    return (load.get("search") or {}).get("role") == "saturated" and "saturated" \
+        or load.get("label")
+
+
+def _base_kv(cells, model) -> str:
+    """The baseline KV of ``model``'s cells: its compute dtype (``kv: auto``)."""
+    return next((c["dtype"] for c in cells if c["model"] == model and c.get("dtype")), "bf16")
 
 
 def _workload_cell(cells, model, kv, workload, load=None, quantization=None):
     for c in cells:
-        level = (c.get("load") or {}).get("label")
+        level = _level(c)
         if (c["model"], c["kv"], c.get("workload"), c.get("quantization")) == \
                 (model, kv, workload, quantization) and (load is None or level == load):
             return c
@@ -115,22 +129,23 @@ def main() -> int:
     cells = _cells(args.run_dir)
     meta = RunStore(args.run_dir).metadata()
     m, m8 = args.model, args.model_8b
+    base, base8 = _base_kv(cells, m), _base_kv(cells, m8)
     result = {
-        "s1_int8": speed_rows(cells, m, "s1-throughput", "closed:128", "bf16", "int8"),
-        "s1_int4": speed_rows(cells, m, "s1-throughput", "closed:128", "bf16", "int4"),
-        "s1_w8a8_int8": speed_rows(cells, m, "s1-throughput", "closed:128", "bf16", "int8",
+        "s1_int8": speed_rows(cells, m, "s1-throughput", "saturated", base, "int8"),
+        "s1_int4": speed_rows(cells, m, "s1-throughput", "saturated", base, "int4"),
+        "s1_w8a8_int8": speed_rows(cells, m, "s1-throughput", "saturated", base, "int8",
                                    quantization="w8a8"),
-        "s1_8b_int8": speed_rows(cells, m8, "s1-throughput-8b", "closed:16", "bf16", "int8"),
-        "s2_snapkv_int8": speed_rows(cells, m, "s2-long-context", None, "bf16",
+        "s1_8b_int8": speed_rows(cells, m8, "s1-throughput-8b", "closed:8", base8, "int8"),
+        "s2_snapkv_int8": speed_rows(cells, m, "s2-long-context", None, base,
                                      "snapkv(budget=0.2)+int8"),
-        "s2_snapkv_int8_host": speed_rows(cells, m, "s2-long-context", None, "bf16",
+        "s2_snapkv_int8_host": speed_rows(cells, m, "s2-long-context", None, base,
                                           COMBO),
-        "s2_host": speed_rows(cells, m, "s2-long-context", None, "bf16", "tiers(host=256MiB)"),
-        "s2_8b_snapkv": speed_rows(cells, m8, "s2-long-context-8b", None, "bf16",
+        "s2_host": speed_rows(cells, m, "s2-long-context", None, base, "tiers(host=256MiB)"),
+        "s2_8b_snapkv": speed_rows(cells, m8, "s2-long-context-8b", None, base8,
                                    "snapkv(budget=0.2)"),
-        "accuracy_int8": accuracy_rows(cells, m, "bf16", "int8"),
-        "accuracy_snapkv_int8": accuracy_rows(cells, m, "bf16", "snapkv(budget=0.2)+int8"),
-        "accuracy_snapkv_int8_host": accuracy_rows(cells, m, "bf16",
+        "accuracy_int8": accuracy_rows(cells, m, base, "int8"),
+        "accuracy_snapkv_int8": accuracy_rows(cells, m, base, "snapkv(budget=0.2)+int8"),
+        "accuracy_snapkv_int8_host": accuracy_rows(cells, m, base,
                                                    COMBO),
     }
     w8 = _task_cell(cells, m, "int8", "ppl", "w8a8")
@@ -138,7 +153,9 @@ def main() -> int:
         result["accuracy_w8a8_int8"] = {k: w8["metrics"].get(k) for k in
                                         ("ppl_delta_rel", "ppl_delta_rel_ci95", "num_samples")}
     sha = (meta.get("git") or {}).get("sha")
-    print(f"run {args.run_dir} ({len(cells)} ok cells, git {sha})\n")
+    hw = (meta.get("hardware") or {})
+    print(f"run {args.run_dir} ({len(cells)} ok cells, git {sha}; machine class "
+          f"{hw.get('machine_class')}, baseline KV {base})\n")
     print("| comparison | KV B/token | peak KV | max concurrent | throughput | P99 TBT "
           "| needle (base -> this) |")
     print("|---|---|---|---|---|---|---|")
@@ -159,8 +176,9 @@ def main() -> int:
     for key in ("accuracy_int8", "accuracy_snapkv_int8", "accuracy_snapkv_int8_host",
                 "accuracy_w8a8_int8"):
         print(f"\n{key}: {result.get(key)}")
-    path = write_record("odcc_table", {"run_dir": str(args.run_dir),
-                                       "run_git_sha": sha}, result)
+    path = write_record("odcc_table", {"run_dir": str(args.run_dir), "run_git_sha": sha,
+                                       "baseline_kv": base,
+                                       "run_hardware": meta.get("hardware")}, result)
     print(f"\nrecord: {path}")
     return 0
 

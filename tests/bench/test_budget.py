@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from kvmap.bench.budget import (BudgetError, MIN_REQUESTS, OVERRUN_WARNING, check_only,
                                 knobs, parse_duration, size_to_budget)
 from kvmap.bench.command import register
+from kvmap.report.command import bench_tradeoff_map
 from kvmap.bench.estimate import Estimator, estimate_run
 from kvmap.bench.scenario import load_scenario
 
@@ -133,7 +134,7 @@ def test_cli_refuses_before_any_cell(tmp_path, args, message):
     path = tmp_path / "s.yaml"
     path.write_text(textwrap.dedent(SCENARIO))
     app = typer.Typer()
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     app.command("noop")(lambda: None)
     result = CliRunner().invoke(app, ["bench", str(path), "--out", str(tmp_path / "run"),
                                       *args])
@@ -146,7 +147,7 @@ def test_cli_dry_run_prints_the_estimate_only(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(textwrap.dedent(SCENARIO))
     app = typer.Typer()
-    register(app)
+    register(app, tradeoff_map=bench_tradeoff_map)
     app.command("noop")(lambda: None)
     result = CliRunner().invoke(app, ["bench", str(path), "--out", str(tmp_path / "run"),
                                       "--dry-run", "--budget", "2h"])

@@ -63,7 +63,7 @@ class ModelBackend(CellBackend):
             self.ran.append(load["label"])
             if rate is not None and any(math.isclose(rate, f) for f in self.fail):
                 yield CellResult(ordinal, cell, CellRecord.of_cell(
-                    cell, status="failed", error="boom").to_dict(), [])
+                    cell, status="failed", error="boom"), [])
                 continue
             t = ttfts(rate, None if rate else int(load["value"]), n)
             arrival = np.cumsum(np.random.default_rng(7).exponential(size=n) / rate) \
@@ -78,7 +78,7 @@ class ModelBackend(CellBackend):
                        "num_requests": n, "output_tokens_per_s": n / span,
                        "concurrency_mean": float(t.sum() / span),
                        "slo_attainment": slo_attainment(rows, cell.slo)}
-            record = CellRecord.of_cell(cell, metrics=metrics).to_dict()
+            record = CellRecord.of_cell(cell, metrics=metrics)
             yield CellResult(ordinal, cell, record, [])
 
 

@@ -92,7 +92,7 @@ class Recorded(CellBackend):
     def run(self, todo, store, on_fraction):
         for ordinal, cell in todo:
             on_fraction(cell, 0.0)
-            yield CellResult(ordinal, cell, CellRecord.of_cell(cell, duration_s=0.1).to_dict(),
+            yield CellResult(ordinal, cell, CellRecord.of_cell(cell, duration_s=0.1),
                              [])
 
 
@@ -103,8 +103,8 @@ def test_record_keeps_estimate_and_actual_side_by_side(scenario, tmp_path):
     records = RunStore(tmp_path / "run").cells()
     assert len(records) == len(scenario.cells())
     for r in records:
-        e = r["estimate"]
-        assert e["estimate_s"] == pytest.approx(est.of(r["cell_id"]).seconds, abs=0.01)
+        e = r.estimate
+        assert e["estimate_s"] == pytest.approx(est.of(r.cell_id).seconds, abs=0.01)
         assert e["actual_s"] >= 0 and set(e["parts_s"]) >= {"start", "prefill", "decode"}
 
 

@@ -45,7 +45,7 @@ def test_cells_fork_from_one_worker_and_failures_stay_in_their_cell(tmp_path):
     scenario = load_scenario(path)
     backend = LocalBackend()
     result = run_scenario(scenario, tmp_path / "run", backend=backend, show_progress=False)
-    cells = {c["task"] or c["workload"]: c for c in RunStore(tmp_path / "run").cells()}
+    cells = {c.job: c.to_dict() for c in RunStore(tmp_path / "run").cells()}
     assert cells["tp"]["status"] == "ok" and cells["tp"]["metrics"]["num_completed"] == 2
     assert cells["boom"]["status"] == "failed" and "code 3" in cells["boom"]["error"]
     assert cells["slow"]["status"] == "failed" and "timed out" in cells["slow"]["error"]
@@ -86,4 +86,4 @@ def test_warm_off_runs_fresh_processes(tmp_path, monkeypatch):
     backend = LocalBackend()
     run_scenario(load_scenario(path), tmp_path / "run", backend=backend, show_progress=False)
     assert "warm_workers" not in backend.describe()
-    assert RunStore(tmp_path / "run").cells()[0]["status"] == "ok"
+    assert RunStore(tmp_path / "run").cells()[0].ok

@@ -148,7 +148,7 @@ def test_cell_memory_limit_fails_the_cell_not_the_machine(tmp_path):
     cap, not the machine, stops it (a 64 GiB one failed on a 24 GiB machine either way)."""
     task = 'tasks:\n  - {name: hog, task: "tasks.py:hog"}\n'
     free = run(scenario(tmp_path, task, "free.yaml"), tmp_path / "free")[0]
-    assert [(c["status"], c["metrics"].get("n")) for c in free.cells] == [("ok", 3 << 30)]
+    assert [(c.status, c.metrics.get("n")) for c in free.cells] == [("ok", 3 << 30)]
     s = scenario(tmp_path, "cell_memory_limit: 2GiB\n" + task)
     assert all(c.memory_limit_bytes == 2 << 30 for c in s.cells())
     result, _ = run(s, tmp_path / "run")

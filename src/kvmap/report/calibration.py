@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvmap.runs.record import as_dicts
+
 TOLERANCE = 0.20
 CONCURRENCY_TOLERANCE = 0.10
 MIN_PREEMPTIONS = 5
@@ -161,10 +163,10 @@ def calibrate_cell(record: dict, tolerance: float = TOLERANCE) -> CellCalibratio
         load=env.get("load_avg_1m_end"), hardware=prediction.get("hardware"))
 
 
-def calibration(cells: list[dict], tolerance: float = TOLERANCE) -> Calibration:
+def calibration(cells: list, tolerance: float = TOLERANCE) -> Calibration:
     """Every workload cell of a run with a prediction, and MAPE and r over them."""
     out, skipped = [], {}
-    for record in cells:
+    for record in as_dicts(cells):
         if record.get("kind") != "workload" or record.get("status") != "ok":
             continue
         cal = calibrate_cell(record, tolerance)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvmap.runs.record import as_dicts
 from kvmap.report.noise import throughput_ci
 
 CAPACITY_MARGIN = 0.10
@@ -155,12 +156,12 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
                    gpu=gpu.get("name"), gpu_ratio=gpu_ratio, gpu_label=gpu.get("hardware"))
 
 
-def verdicts(cells: list[dict], rows_by_cell: dict[str, list[dict]] | None = None
+def verdicts(cells: list, rows_by_cell: dict[str, list[dict]] | None = None
              ) -> dict[str, list[Verdict]]:
     """Workload -> one verdict per non-baseline configuration of each model (cells that
     ran ok; a workload without a baseline cell has none)."""
     rows_by_cell = rows_by_cell or {}
-    ok = [c for c in cells if c.get("kind") == "workload" and c.get("status") == "ok"]
+    ok = [c for c in as_dicts(cells) if c.get("kind") == "workload" and c.get("status") == "ok"]
     out: dict[str, list[Verdict]] = {}
     for c in ok:
         if c["kv"] == c.get("dtype") and not c.get("quantization"):

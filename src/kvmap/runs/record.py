@@ -129,6 +129,11 @@ class CellRecord:
         return jsonable(out)
 
 
+def as_dicts(records) -> list[dict]:
+    """Records as their stored JSON objects (readers written against the dict form)."""
+    return [r if isinstance(r, dict) else r.to_dict() for r in records]
+
+
 def headline_kind(metrics: Mapping, per_sample=None) -> str:
     """How a task's result reads when the task does not say (``task_kind``): by its
     headline metric -- ``ppl``, else ``accuracy`` -- else ``generation`` for samples of
