@@ -3,7 +3,7 @@ embedded model, launched by the runner as a real second process, beside the same
 configuration in-process; the report draws both, and the endpoint's prompt-log-probability
 perplexity equals the in-process one computed the same way within 1e-3 relative. Its
 top-5 at every prompt position is the in-process one, so KL over the returned top-k
-against kvmap's own bf16 cell is 0 and top-1 agreement 1, while int8's KL is not 0; and
+against kvmap's own cell is 0 and top-1 agreement 1, while int8's KL is not 0; and
 chat_generation over completions stops where the in-process answers stop."""
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import pytest
 
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import load_scenario
+from kvmap.hardware import resolve_dtype
 
 SCENARIO = Path(__file__).with_name("scenarios") / "endpoint-ci.yaml"
+BASE = resolve_dtype("auto", "cpu")        # kv: auto is the model's dtype on this machine
+SERVED = "kvmap-serve (kvmap serve auto)"
 pytestmark = pytest.mark.slow
 
 
@@ -41,7 +44,7 @@ def test_every_cell_ran(ci_run):
 def test_prompt_perplexity_of_the_endpoint_equals_the_in_process_figure(ci_run):
     _, result = ci_run
     cells = task_cells(result, "prompt_ppl")
-    own, served = cells["bf16"], cells["kvmap-serve"]
+    own, served = cells[BASE], cells["kvmap-serve"]
     for c in (own, served):
         assert c.metrics["ppl_definition"] == "prompt_logprobs"
         assert c.metrics["num_tokens_scored"] == 2 * 255
@@ -59,11 +62,11 @@ def test_the_report_draws_the_endpoint_beside_kvmaps_own_configuration(ci_run):
     run_dir, _ = ci_run
     analysis = analyze(load_run(run_dir))
     configs = {c.name: c for c in analysis.configs}
-    assert set(configs) == {"bf16", "int8", "kvmap-serve (kvmap serve bf16)"}
-    served, own = configs["kvmap-serve (kvmap serve bf16)"], configs["bf16"]
+    assert set(configs) == {BASE, "int8", SERVED}
+    served, own = configs[SERVED], configs[BASE]
     for c in (served, own):
         assert c.throughput_tok_s and c.tbt_p99_s is not None
-    # its baseline is kvmap's own bf16 cell of the same task, compared like with like
+    # its baseline is kvmap's own cell of the same task (kv: auto), like with like
     drop = served.tasks["prompt_ppl"].drop_pct
     assert drop is not None and abs(drop) < 0.1
     # KL and top-1 over the returned top-5 against that same baseline cell
@@ -73,14 +76,14 @@ def test_the_report_draws_the_endpoint_beside_kvmaps_own_configuration(ci_run):
     assert int8["kl_topk"] > 0 and int8["kl_topk_ci95"][1] > 0
     assert served.tasks["chat_generation"].inflation is not None
     html = write_report(analysis).read_text()
-    assert "kvmap-serve (kvmap serve bf16)" in html and "bf16" in html
+    assert SERVED in html and BASE in html
     assert "over the returned top-5" in html
 
 
 def test_the_endpoints_top_k_is_the_in_process_one(ci_run):
     _, result = ci_run
     cells = task_cells(result, "prompt_ppl")
-    for a, b in zip(cells["bf16"].details["per_sample"],
+    for a, b in zip(cells[BASE].details["per_sample"],
                     cells["kvmap-serve"].details["per_sample"]):
         assert len(a["top_logprobs"]) == len(b["top_logprobs"]) == 255
         for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
@@ -91,7 +94,7 @@ def test_the_endpoints_top_k_is_the_in_process_one(ci_run):
 def test_chat_generation_over_http_stops_where_the_in_process_answers_stop(ci_run):
     _, result = ci_run
     cells = task_cells(result, "chat_generation")
-    own, served = cells["bf16"].details["per_sample"], \
+    own, served = cells[BASE].details["per_sample"], \
         cells["kvmap-serve"].details["per_sample"]
     assert [r["sample_id"] for r in own] == [r["sample_id"] for r in served]
     for a, b in zip(own, served):

@@ -1,6 +1,8 @@
 """Predicted beside measured and the verdict, on a hand-made run with known answers."""
 from __future__ import annotations
 
+from kvmap.runs.record import CellRecord
+
 import numpy as np
 import pytest
 
@@ -25,15 +27,15 @@ CASES = {
 }
 
 
-def cell(workload: str, kv: str) -> dict:
+def cell(workload: str, kv: str) -> CellRecord:
     rate, running, tbt, p_rate, p_running, p_tbt, share, gpu_rate = CASES[workload][kv]
     metrics = {"output_tokens_per_s": rate, "concurrency_max": running,
                "ttft_s": {"p50": 1.0}, "tbt_s": {"p50": tbt},
                # windows of rate -+ 5: the interval is rate -+ HALF
                "output_throughput_windows_tok_s": [rate - 5, rate + 5] * 5}
     record = _record(f"{kv}-{workload}", kv, "workload", metrics, workload=workload)
-    record["env"] = {"load_avg_1m_end": 1.0, "hardware": {"machine_class": "x86-avx512"}}
-    record["prediction"] = {
+    record.env = {"load_avg_1m_end": 1.0, "hardware": {"machine_class": "x86-avx512"}}
+    record.prediction = {
         "hardware": "cpu-this-machine: measured", "kv_costs": "measured",
         "metrics": {"output_tokens_per_s": p_rate, "concurrency_max": p_running,
                     "ttft_p50_s": 1.0, "tbt_p50_s": p_tbt},
@@ -43,7 +45,7 @@ def cell(workload: str, kv: str) -> dict:
                      "kv_bytes_per_token": 46080, "ridge_num_seqs": 12},
         "gpu": {"name": "h100-80gb", "hardware": GPU_LABEL,
                 "metrics": {"output_tokens_per_s": gpu_rate}}}
-    record["dtype"] = "bf16"
+    record.dtype = "bf16"
     return record
 
 
@@ -72,24 +74,24 @@ def test_mape_and_r_over_the_run(run):
 
 def test_a_concurrency_miss_blames_the_memory_model():
     record = cell("s1", "int4")
-    record["prediction"]["metrics"]["concurrency_max"] = 30
+    record.prediction["metrics"]["concurrency_max"] = 30
     cal = calibrate_cell(record)
     assert cal.miss == "the memory model: 30 sequences at once predicted, 49 measured"
 
 
 def test_preemptions_the_model_did_not_see_blame_the_memory_model():
     record = cell("s1", "int4")
-    record["metrics"]["num_preemptions_engine"] = 34
-    record["prediction"]["metrics"]["num_preemptions"] = 3
+    record.metrics["num_preemptions_engine"] = 34
+    record.prediction["metrics"]["num_preemptions"] = 3
     assert calibrate_cell(record).miss == (
         "the memory model: 3 preemptions predicted, 34 measured (sequences evicted and "
         "their prefill recomputed)")
-    record["prediction"]["metrics"]["num_preemptions"] = 20       # within 2x
+    record.prediction["metrics"]["num_preemptions"] = 20       # within 2x
     assert calibrate_cell(record).miss == (
         "the cost of a preemption: 34 measured, 20 predicted, and the model charges only "
         "their recomputed prefill")
-    record["metrics"]["num_preemptions_engine"] = 0
-    record["prediction"]["metrics"]["num_preemptions"] = 0
+    record.metrics["num_preemptions_engine"] = 0
+    record.prediction["metrics"]["num_preemptions"] = 0
     assert calibrate_cell(record).miss.startswith("the decode step (TBT P50)")
 
 
@@ -122,9 +124,9 @@ def test_verdicts_per_deployment(run):
     assert "stays weight-bound up to 12 sequences" in speed.sentence
     assert gpu_sentence(int8) == f"On {GPU_LABEL}: predicted 1.80x bf16's throughput."
     # with the mean running in both records, the capacity is read on it
-    mean = {r["cell_id"]: r for r in run.cells}
-    mean["int8-s1"]["metrics"]["concurrency_mean"] = 24.0
-    mean["bf16-s1"]["metrics"]["concurrency_mean"] = 15.0
+    mean = {r.cell_id: r for r in run.cells}
+    mean["int8-s1"].metrics["concurrency_mean"] = 24.0
+    mean["bf16-s1"].metrics["concurrency_mean"] = 15.0
     again = {v.kv: v for v in verdicts(list(mean.values()))["s1"]}["int8"]
     assert again.concurrency_ratio == pytest.approx(1.6)
     assert "(1.6x the sequences running on average)" in again.sentence

@@ -91,8 +91,6 @@ def bench(
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
     from kvmap.bench.runner import default_run_dir, run_scenario
     from kvmap.bench.scenario import load_scenario
-    from kvmap.bench.summary import cell_rows, summary_table
-
     from rich.markup import escape
 
     from kvmap.kv.redact import redact_spec
@@ -133,6 +131,14 @@ def bench(
                   f"{' --address ' + address if address else ''}"))
         raise typer.Exit(code=130) from None
     tradeoff = _tradeoff_map(result.run_dir, err) if _tradeoff_map is not None else None
+    _print_result(result, tradeoff, as_json, parsed.name)
+    if result.num_failed or tradeoff is None:
+        raise typer.Exit(code=1)
+
+
+def _print_result(result, tradeoff: TradeoffMap | None, as_json: bool, name: str) -> None:
+    """The run's JSON (``--json``), or its summary table and trade-off map in the terminal."""
+    from kvmap.bench.summary import cell_rows, summary_table
     report_path = tradeoff.report_path if tradeoff is not None else None
     if as_json:
         typer.echo(json.dumps({"run_dir": str(result.run_dir),
@@ -140,20 +146,18 @@ def bench(
                                "recommendation": tradeoff.recommendation
                                if tradeoff else None,
                                "cells": cell_rows(result.cells)}, default=str))
-    else:
-        out_console = Console()
-        if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
-            out_console = Console(width=200)
-        out_console.print(summary_table(result.cells, title=f"kvmap bench: {parsed.name}"))
-        if tradeoff is not None:
-            out_console.print(tradeoff.summary())
-        typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
-                   f"{result.num_skipped} resumed, {result.num_failed} failed, "
-                   f"{result.duration_s:.0f} s)")
-        if report_path is not None:
-            typer.echo(f"trade-off map: {report_path}")
-    if result.num_failed or tradeoff is None:
-        raise typer.Exit(code=1)
+        return
+    out_console = Console()
+    if not out_console.is_terminal:          # a log file or CI: do not wrap at 80
+        out_console = Console(width=200)
+    out_console.print(summary_table(result.cells, title=f"kvmap bench: {name}"))
+    if tradeoff is not None:
+        out_console.print(tradeoff.summary())
+    typer.echo(f"run directory: {result.run_dir}  ({result.num_ran} cells run, "
+               f"{result.num_skipped} resumed, {result.num_failed} failed, "
+               f"{result.duration_s:.0f} s)")
+    if report_path is not None:
+        typer.echo(f"trade-off map: {report_path}")
 
 
 def _predictor(choice: str):

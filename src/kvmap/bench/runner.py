@@ -195,12 +195,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                       "already done")
     if backend.name != "local":
         console.print(f"backend {backend.name}: {_describe(backend.describe())}")
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("ETA {task.fields[eta]}"), console=console,
-                        # a log file or CI gets plain lines, printed as cells end
-                        disable=not show_progress or not console.is_terminal,
-                        transient=False)
+    progress = _progress(console, show_progress)
     num_ran = 0
     try:
         with progress:
@@ -260,6 +255,14 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                      num_skipped=len(cells) - len(todo),
                      num_failed=sum(c.status == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
+
+
+def _progress(console: Console, show_progress: bool) -> Progress:
+    """The run's bars; a log file or CI gets plain lines, printed as cells end."""
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA {task.fields[eta]}"), console=console,
+                    disable=not show_progress or not console.is_terminal, transient=False)
 
 
 def _beside_estimate(record: CellRecord, estimate, cell: CellSpec, wall_s: float) -> None:

@@ -147,6 +147,8 @@ def diagnose(errors: dict, measured: dict, predicted: dict, bound: str | None,
 
 def calibrate_cell(record: dict, tolerance: float = TOLERANCE) -> CellCalibration | None:
     """The cell's calibration, or None when its record holds no usable prediction."""
+    if not isinstance(record, dict):
+        record = record.to_dict()
     prediction = record.get("prediction") or {}
     predicted = prediction.get("metrics")
     if record.get("status") != "ok" or not isinstance(predicted, dict):

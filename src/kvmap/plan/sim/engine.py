@@ -5,11 +5,9 @@ at a time, with the clock advanced by the cost model instead of a real forward p
 
 1. Requests arrive (:mod:`kvmap.plan.sim.arrivals`: open loop at their times; closed
    loop: one enters when one leaves; turn k of a conversation never before turn k-1
-   finished). A request that can never fit -- longer than the model's context, or more
-   blocks than the whole pool -- is rejected and counted. With ``prefetch: queue`` the prefix blocks of the first
-   ``prefetch_depth`` waiting requests are staged one tier up (NVMe -> host, host -> free
-   HBM) before they are scheduled, overlapping the steps ahead of them: the waiting
-   queue predicts what the next steps will read.
+   finished). A request that can never fit (past the context, or the whole pool) is
+   rejected and counted. ``prefetch: queue`` stages the prefix blocks of the first
+   ``prefetch_depth`` waiting requests one tier up before they are scheduled.
 2. ``schedule`` builds a batch under the token budget: running requests first (one token
    for a decode, the next chunk of a prompt), then waiting ones while sequence slots,
    budget and blocks last. A newly admitted request takes the longest prefix of its
