@@ -161,7 +161,7 @@ def test_three_panel_map_titles_apart_at_1400_pixels(tmp_path):
     cells = []
     for kv, gap, peak, running in (("bf16", 0.05, 40 << 20, 16), ("int8", 0.04, 20 << 20, 30)):
         record, rows = _workload(kv, gap, 0.2, peak, 1000, 2.0)
-        record["metrics"].update(concurrency_max=running, num_pool_full_steps=12)
+        record.metrics.update(concurrency_max=running, num_pool_full_steps=12)
         cells += [(record, rows), *[(t, []) for t in _tasks(kv, 0.5 * (kv != "bf16"),
                                                               [1, 1, 1, 1], peak)]]
     run = store_run(tmp_path / "run", cells, {"name": "three-panels", "description": "",
