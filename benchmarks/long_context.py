@@ -197,12 +197,14 @@ def main() -> None:
     ap.add_argument("--page-blocks", type=int, default=16)
     ap.add_argument("--prefetch-depth", type=int, default=2)
     ap.add_argument("--chunk-tokens", type=int, default=512)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--attention", action="store_true", help="also prefetch=attention")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2,000 tokens, 8 decode tokens")
     args = ap.parse_args()
+    from kvmap.hardware import resolve_dtype
+    args.dtype = resolve_dtype(args.dtype)   # auto: this machine's fastest exact dtype
     if args.quick:
         args.context, args.decode_tokens = 2000, 8
     out = run(args)

@@ -2,14 +2,16 @@
 
     python benchmarks/serve_load.py [--part loopback|step|all] [--quick]
 
-Part ``loopback``: the real embedded model (SmolLM2-135M, bf16) served by ``kvmap serve``
+Part ``loopback``: the real embedded model (SmolLM2-135M at ``--dtype``, default the
+machine's ``auto``: fp32 without native bf16) served by ``kvmap serve``
 in a child process; the load generator at three Poisson rates; per rate the client's
 TTFT/TBT/E2E/throughput and the server's own mean TTFT from its
 ``vllm:time_to_first_token_seconds`` histogram (the two should agree within 10%; the
 offset is the HTTP path the server's clock does not see).
 
 Part ``step``: one step-load run (low rate, a high-rate step, low again) against
-``kvmap serve --adaptive examples/adaptive.yaml`` and against a fixed bf16 server with
+``kvmap serve --adaptive examples/adaptive-cpu.yaml`` and against a fixed server (KV in the
+model's dtype) with
 the same KV byte budget; per phase the client's P99 TBT and the adaptive server's KV
 configuration switches (``kvmap:kv_config_switches_total`` and the active
 ``kvmap:kv_config_info`` over time, scraped from ``/metrics``).
@@ -39,6 +41,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_record  # noqa: E402
 
+from kvmap.runs.record import as_dicts  # noqa: E402
 from kvmap.loadgen import prompts  # noqa: E402
 from kvmap.loadgen.client import Endpoint  # noqa: E402
 from kvmap.loadgen.scenario import LoadgenScenario  # noqa: E402
@@ -118,14 +121,14 @@ def loopback(args, tokenizer, console: Console, stamp: str) -> dict:
     rates = (0.5, 1.0, 2.0)
     n = 6 if args.quick else 12
     out = ROOT / "runs" / f"serve-load-loopback-{stamp}"
-    with Server("--dtype", "bf16") as server:
+    with Server("--dtype", args.dtype) as server:
         result = _load(server, tuple(Level(rate_per_s=r) for r in rates), out,
                        num_requests=n, prompt_tokens=512, output_tokens=32,
                        tokenizer=tokenizer, slo={"ttft_s": 2.0, "tpot_s": 0.25})
     console.print(summary_table(result.cells, title="loopback: kvmap loadgen -> kvmap serve "
-                                                   "(SmolLM2-135M bf16, 512+32 tokens)"))
+                                                   f"(SmolLM2-135M {args.dtype}, 512+32 tokens)"))
     rows = []
-    for c in result.cells:
+    for c in as_dicts(result.cells):
         m = c["metrics"]
         rows.append({"rate_per_s": c["params"]["rate_per_s"], "num_completed":
                      m["num_completed"], "num_failed": m["num_failed"],
@@ -149,16 +152,18 @@ def step(args, tokenizer, console: Console, stamp: str) -> dict:
     phases = parse_steps(steps)
     policy = Path(args.policy)
     runs = {}
-    for name, server_args in (("fixed-bf16", ("--kv", "bf16")),
+    for name, server_args in ((f"fixed-{args.dtype}", ("--kv", args.dtype)),
                               ("adaptive", ("--adaptive", str(policy)))):
         out = ROOT / "runs" / f"serve-load-step-{name}-{stamp}"
-        with Server("--dtype", "bf16", "--kv-memory", args.kv_memory, *server_args) as server:
+        with Server("--dtype", args.dtype, "--kv-memory", args.kv_memory,
+                    *server_args) as server:
             result = _load(server, (Level(phases=phases),), out, num_requests=None,
                            prompt_tokens=256, output_tokens=48, tokenizer=tokenizer,
                            label=name, request_timeout_s=240.0)
-        timeline = result.cells[0]["details"].get("server_timeline") or []
+        cells = as_dicts(result.cells)
+        timeline = cells[0]["details"].get("server_timeline") or []
         phase_rows = []
-        for c in result.cells:
+        for c in cells:
             m = c["metrics"]
             server_view = m["server"] or {}
             k = c["params"]["phase"]
@@ -223,7 +228,12 @@ def main() -> None:
                              "memory binds under the high step)")
     parser.add_argument("--policy", default=str(ROOT / "examples" / "adaptive-cpu.yaml"),
                         help="adaptive policy file of the step-load run")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"),
+                        help="the servers' compute dtype (auto: this machine's fastest "
+                             "exact one; the fixed server's KV is the same dtype)")
     args = parser.parse_args()
+    from kvmap.hardware import resolve_dtype
+    args.dtype = resolve_dtype(args.dtype)
     console = Console(width=200)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     tokenizer = prompts.load_tokenizer("smollm2")

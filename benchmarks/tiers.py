@@ -1,5 +1,5 @@
 """Multi-turn reuse through the tiers: TTFT with ``tiers(host=...)`` against ``recompute``
-on the embedded SmolLM2-135M (bf16 weights and KV by default; ``--dtype fp32``), at the
+on the embedded SmolLM2-135M (weights and KV at the machine's ``auto`` dtype by default: fp32 without native bf16; ``--dtype``), at the
 same small pool.
 
 Workload: ``--conversations`` chats of ``--turns`` turns, sent round-robin (every first
@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--disk", default="1GiB")
     ap.add_argument("--no-disk", action="store_true", help="skip the host+disk config")
     ap.add_argument("--chunk-tokens", type=int, default=512)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                     help="weights, activations and KV cache")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine, OpenMP threads "
@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    from kvmap.hardware import resolve_dtype
+    args.dtype = resolve_dtype(args.dtype)   # auto: this machine's fastest exact dtype
     if args.quick:
         args.conversations, args.first_tokens, args.reply_tokens = 3, 96, 24
         args.num_blocks = 24

@@ -116,6 +116,12 @@ def test_search_finds_the_known_capacity_through_runner_and_report(tmp_path):
     (config,) = analysis.configs
     assert config.capacity.value == pytest.approx(lo) and config.capacity.ci == (lo, hi)
     assert all(p.kind == "poisson" for p in config.curves["s1"])
+    # its headline figures are the saturated run's: the one load every configuration shares
+    saturated = next(c for c in load_run(tmp_path / "run").cells
+                     if (c.load.get("search") or {}).get("role") == "saturated")
+    assert config.workloads["s1"] is not None
+    assert config.workloads["s1"]["output_tokens_per_s"] == \
+        saturated.metrics["output_tokens_per_s"]
     # resumed: every probe is stored, none runs again
     again = ModelBackend()
     run_scenario(scenario, tmp_path / "run", backend=again, show_progress=False)

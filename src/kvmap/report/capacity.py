@@ -25,6 +25,11 @@ def search_of(cell: CellRecord) -> dict | None:
     return load.get("search") if load and isinstance(load.get("search"), dict) else None
 
 
+def search_role(cell: CellRecord) -> str | None:
+    """A probe cell's role in its search (``serial``, ``saturated``, ``level``, ...)."""
+    return (search_of(cell) or {}).get("role")
+
+
 def level_cells(cells: list[CellRecord]) -> list[CellRecord]:
     """The cells that are levels of a load curve (a search's range runs are not)."""
     return [c for c in cells if (search_of(c) or {}).get("role") not in RANGE_ROLES]

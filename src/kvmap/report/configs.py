@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmap.report.capacity import level_cells, search_capacity
+from kvmap.report.capacity import level_cells, search_capacity, search_role
 from kvmap.runs.record import CellRecord
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
@@ -113,6 +113,11 @@ def primary_workload(cells: list[CellRecord]) -> str | None:
     return max(sizes, key=lambda w: sizes[w]) if sizes else None
 
 
+def _headline_order(c: CellRecord) -> tuple:
+    """Cells in the order their figures stand in for the workload: the last wins."""
+    return (search_role(c) == "saturated", float((L.load_of(c) or {}).get("value") or 0))
+
+
 def _level_key(c: CellRecord) -> tuple:
     load = L.load_of(c)
     return (c.workload, load.get("label") if load else None)
@@ -122,9 +127,11 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
                swept: set[str], seed: int) -> dict[str, list[dict]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c.status == "ok"]
-    # (a search's serial and saturated runs are its range, not levels: report/capacity.py)
-    for c in sorted(level_cells(ok), key=lambda c: float((L.load_of(c) or {}).get("value") or 0)):
-        if c.workload:          # a swept workload keeps its top level that ran
+    # a swept workload keeps its top level that ran; a searched one its saturated run, the
+    # one load every configuration of the search shares (its serial run is not a point;
+    # its open-loop levels are at rates of its own: report/capacity.py)
+    for c in sorted([c for c in ok if search_role(c) != "serial"], key=_headline_order):
+        if c.workload:
             s.workloads[c.workload] = c.metrics
             s.rows[c.workload] = rows_by_cell.get(c.cell_id, [])
             if c.metrics.get("tiers"):

@@ -120,6 +120,12 @@ def _headline(kind: str, kv: str, capacity: float | None, how: str = "at once") 
     }[kind]
 
 
+def _name(record: dict) -> str:
+    """The configuration and, for one load level of several, the level."""
+    q, label = record.get("quantization"), (record.get("load") or {}).get("label")
+    return (f"{q} weights + " if q else "") + record["kv"] + (f" at {label}" if label else "")
+
+
 def verdict(record: dict, base: dict, rows: list[dict] | None = None,
             base_rows: list[dict] | None = None) -> Verdict:
     """The verdict of ``record``'s configuration against ``base`` (the same workload)."""
@@ -143,7 +149,7 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
         figures.append(f"predicted {predicted:.2f}x")
     if ratio is not None:
         figures.append(f"measured {ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
-    sentence = _headline(kind, record["kv"], capacity,
+    sentence = _headline(kind, _name(record), capacity,
                          "on average" if key == "concurrency_mean" else "at once")
     sentence += (": " + ", and ".join(why) if why else "") + \
         ("; " + ", ".join(figures) if figures else "") + "."
