@@ -231,6 +231,8 @@ def main() -> None:
     if model:
         serve_args += ["--model", model] + (["--kv", "fp32"]
                                             if model.startswith("dummy") else [])
+    else:     # the 1,024-message chat (~6,200 tokens) must fit the pool in fp32 KV too
+        serve_args += ["--kv-memory", "512MiB"]
     with Server(*serve_args) as server:
         with RssSampler(server.proc.pid) as rss:
             load = asyncio.run(overload(server.url, args.max_queue, max_tokens))
