@@ -187,3 +187,21 @@ def test_kill_9_leaves_no_password_and_a_resume_clears_stale_work_files(
     assert not stale.exists()
     assert not (out / ".work").exists() or not any((out / ".work").iterdir())
     assert_nowhere(out, result.stdout, result.stderr)
+
+
+def test_every_child_log_line_goes_through_the_redaction():
+    """``bench/log_pump.py`` is the one writer of a child's log (cells, launched
+    endpoint servers): a line that carries a URL with a password -- a child printing its
+    resolved environment, say -- reaches the log without it, and ``take`` keeps its
+    lines out of the log."""
+    import io
+
+    from kvmap.bench.log_pump import pump_lines
+    source = io.StringIO(f"connecting to redis://user:{PASSWORD}@127.0.0.1:6390/0\n"
+                         "@@progress 0.5\nplain line\n")
+    log, taken = io.StringIO(), []
+    pump_lines(source, log, lambda line: line.startswith("@@") and not taken.append(line)
+               ).join(timeout=5)
+    assert PASSWORD not in log.getvalue() and "redis://127.0.0.1:6390/0" in log.getvalue()
+    assert "plain line" in log.getvalue() and taken == ["@@progress 0.5\n"]
+    assert "@@progress" not in log.getvalue()
