@@ -64,5 +64,24 @@ class CellBackend:
         self.close()
 
 
+class WrappingBackend(CellBackend):
+    """A backend around ``inner`` (endpoints, searches, predictions): its name, its
+    parallelism, and its lifetime (``open``, ``close``, ``describe``) are the inner one's;
+    a subclass adds what it does around ``inner.run``."""
+
+    def __init__(self, inner: CellBackend):
+        self.inner = inner
+        self.name, self.parallelism = inner.name, inner.parallelism
+
+    def open(self, cells: list[CellSpec]) -> None:
+        self.inner.open(cells)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+
 # ``--backend`` name -> backend class
 BENCH_BACKENDS: Registry[type[CellBackend]] = Registry("bench backend")

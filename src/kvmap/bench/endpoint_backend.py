@@ -17,28 +17,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
+                                     WrappingBackend)
 from kvmap.bench.cell_process import failed_record
 from kvmap.bench.cellspec import CellSpec
 from kvmap.bench.endpoint_launch import EndpointLaunchError, Launched, launched
 from kvmap.runs.store import RunStore
 
 
-class EndpointBackend(CellBackend):
+class EndpointBackend(WrappingBackend):
     """``inner`` runs the in-process cells; the endpoint cells run here, after them."""
 
     def __init__(self, inner: CellBackend, run_cell: Callable):
-        self.inner, self.run_cell = inner, run_cell
-        self.name, self.parallelism = inner.name, inner.parallelism
+        super().__init__(inner)
+        self.run_cell = run_cell
 
     def open(self, cells: list[CellSpec]) -> None:
         self.inner.open([c for c in cells if c.endpoint is None])
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def describe(self) -> dict:
-        return self.inner.describe()
 
     def run(self, todo: list[tuple[int, CellSpec]], store: RunStore,
             on_fraction: FractionCallback) -> Iterator[CellResult]:

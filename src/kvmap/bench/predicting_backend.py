@@ -12,31 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
+                                     WrappingBackend)
 from kvmap.bench.cellspec import CellSpec
 from kvmap.runs.store import RunStore
 
 Predict = Callable[[CellSpec, dict, list], dict]
 
 
-class PredictingBackend(CellBackend):
+class PredictingBackend(WrappingBackend):
     """``inner``'s results, each ok workload cell's record with its ``prediction``."""
 
     def __init__(self, inner: CellBackend, predict: Predict):
-        self.inner, self.predict = inner, predict
-        self.name, self.parallelism = inner.name, inner.parallelism
+        super().__init__(inner)
+        self.predict = predict
 
     def __getattr__(self, name: str):          # run_cell and the like: the inner one's
         return getattr(self.inner, name)
-
-    def open(self, cells: list[CellSpec]) -> None:
-        self.inner.open(cells)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def describe(self) -> dict:
-        return self.inner.describe()
 
     def run(self, todo: list[tuple[int, CellSpec]], store: RunStore,
             on_fraction: FractionCallback) -> Iterator[CellResult]:

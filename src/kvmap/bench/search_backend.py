@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from kvmap.bench.cell_backend import CellBackend, CellResult, FractionCallback
+from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
+                                     WrappingBackend)
 from kvmap.runs.search import Probe, SearchSettings, next_probe, result
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
 from kvmap.runs.record import CellRecord
@@ -24,14 +25,14 @@ from kvmap.runs.store import RunStore
 SEARCHES_FILE = "searches.json"
 
 
-class SearchingBackend(CellBackend):
+class SearchingBackend(WrappingBackend):
     """``inner``, then the searches of ``templates`` (``Scenario.searches``)."""
 
     def __init__(self, inner: CellBackend, scenario: Scenario, templates: list[CellSpec],
                  cells: list[CellSpec], retry_failed: bool = False):
-        self.inner, self.scenario, self.templates = inner, scenario, templates
+        super().__init__(inner)
+        self.scenario, self.templates = scenario, templates
         self.first_ordinal, self.retry_failed = len(cells), retry_failed
-        self.name, self.parallelism = inner.name, inner.parallelism
         self.probed = {(c.model.label, c.model.dtype, c.kv) for c in cells
                        if c.workload is not None}
 
@@ -39,15 +40,6 @@ class SearchingBackend(CellBackend):
     def max_extra_cells(self) -> int:
         """At most this many probe cells (the progress total)."""
         return sum(2 + SearchSettings(**t.workload.search).max_probes for t in self.templates)
-
-    def open(self, cells: list[CellSpec]) -> None:
-        self.inner.open(cells)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def describe(self) -> dict:
-        return self.inner.describe()
 
     def run(self, todo: list[tuple[int, CellSpec]], store: RunStore,
             on_fraction: FractionCallback) -> Iterator[CellResult]:
