@@ -178,9 +178,10 @@ def _preflight(parsed, budget: str | None, no_sizing: bool, warm: bool, out: Pat
 
     from kvmap.bench.preflight import preflight
     from kvmap.kv.redact import redact_spec
+    from kvmap.runs.store import RunStore
     stored = None
-    if out is not None and (out / "run.json").is_file():
-        stored = (json.loads((out / "run.json").read_text()).get("preflight") or {}).get("budget")
+    if out is not None and RunStore(out).run_json.is_file():
+        stored = (RunStore(out).metadata().get("preflight") or {}).get("budget")
     try:
         plan = preflight(parsed, budget, sizing=not no_sizing, warm=warm, stored=stored)
     except ValueError as e:         # a bad --budget, or a budget below the minimum
