@@ -95,7 +95,8 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
         timeseries=ts.columns())
     if cell.slo:                 # the SLA capacity search reads its levels by this
         from kvmap.runs.search import slo_attainment
-        metrics["slo_attainment"] = slo_attainment(rows, cell.slo)
+        target = ((cell.workload.search if cell.workload else None) or {}).get("attainment")
+        metrics["slo_attainment"] = slo_attainment(rows, cell.slo, target or 0.99)
     if watch is not None and watch.stop:
         metrics["stopped_early"] = watch.summary()
     # For the checklist (kvmap.bench.probes): output stability across batch compositions

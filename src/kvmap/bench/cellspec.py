@@ -229,14 +229,18 @@ class Scenario:
         return out
 
     def probe_cell(self, template: CellSpec, role: str, arrival: str,
-                   num_requests: int) -> CellSpec:
-        """The probe of a search at ``arrival`` (``closed:N`` | ``poisson:R``)."""
+                   num_requests: int, seed_offset: int = 0) -> CellSpec:
+        """The probe of a search at ``arrival`` (``closed:N`` | ``poisson:R``);
+        ``seed_offset``: an extension of a level draws other requests (another seed)."""
         from kvmap.workloads.options import Load
         load = {**Load.of(arrival).to_dict(),
                 "search": {"role": role, **(template.workload.search or {})}}
-        w = replace(template.workload, options={**template.workload.options,
-                                                "arrival": arrival,
-                                                "num_requests": num_requests}, load=load)
+        options = {**template.workload.options, "arrival": arrival,
+                   "num_requests": num_requests}
+        if seed_offset:
+            options["seed"] = int(options.get("seed", self.seed)) + 1000 * seed_offset
+            load["search"]["extension"] = seed_offset
+        w = replace(template.workload, options=options, load=load)
         return self._cell(template.model, template.kv, template.engine, workload=w,
                           slo=template.slo)
 

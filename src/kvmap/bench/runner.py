@@ -146,7 +146,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
     if searching:
         from kvmap.bench.search_backend import with_searches
-        backend = with_searches(backend, scenario, cells, retry_failed)
+        backend = with_searches(backend, scenario, cells, retry_failed, predict)
     backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:

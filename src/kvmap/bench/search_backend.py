@@ -17,7 +17,9 @@ from collections.abc import Iterator
 
 from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
                                      WrappingBackend)
-from kvmap.runs.search import Probe, SearchSettings, next_probe, result
+from kvmap.bench.capacity_prediction import predict_capacity
+from kvmap.runs.search import (Probe, SearchSettings, next_probe, rate_verdicts,
+                               requests_to_decide, result)
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore
@@ -29,9 +31,10 @@ class SearchingBackend(WrappingBackend):
     """``inner``, then the searches of ``templates`` (``Scenario.searches``)."""
 
     def __init__(self, inner: CellBackend, scenario: Scenario, templates: list[CellSpec],
-                 cells: list[CellSpec], retry_failed: bool = False):
+                 cells: list[CellSpec], retry_failed: bool = False, predict=None):
         super().__init__(inner)
         self.scenario, self.templates = scenario, templates
+        self.predict = predict.local() if hasattr(predict, "local") else predict
         self.first_ordinal, self.retry_failed = len(cells), retry_failed
         self.probed = {(c.model.label, c.model.dtype, c.kv) for c in cells
                        if c.workload is not None}
@@ -51,14 +54,17 @@ class SearchingBackend(WrappingBackend):
             stored = {c.cell_id: c for c in store.cells()}
             probes: list[Probe] = []
             records: list[CellRecord] = []
+            predicted: float | None = None
+            num_requests = int(template.workload.options.get("num_requests") or 32)
             while True:
-                step = next_probe(probes, settings,
-                                  int(template.workload.options.get("num_requests") or 32),
-                                  template.engine.max_num_seqs)
+                if predicted is None and len(probes) == 2 and all(p.ok for p in probes):
+                    predicted = self._predicted(template, probes, records, store)
+                step = next_probe(probes, settings, num_requests,
+                                  template.engine.max_num_seqs, predicted)
                 if step is None:
                     break
                 cell = self.scenario.probe_cell(template, step.role, step.arrival,
-                                                step.num_requests)
+                                                step.num_requests, step.seed_offset)
                 cell = with_probes_once([cell], self.probed)[0]
                 record = stored.get(cell.cell_id)
                 if record is None or (record.status == "failed" and self.retry_failed):
@@ -68,10 +74,25 @@ class SearchingBackend(WrappingBackend):
                 ordinal += 1
                 records.append(record)
                 probes.append(Probe.of(record, settings.attainment))
-            _save(store, template, result(probes, settings), records)
+            needed = requests_to_decide(template.slo, settings.attainment,
+                                        int(template.workload.options.get("output_len") or 1))
+            _save(store, template, result(probes, settings, predicted, needed), records)
+
+    def _predicted(self, template: CellSpec, probes: list[Probe],
+                   records: list[CellRecord], store: RunStore) -> float | None:
+        """The simulator's SLA capacity from the saturated run (``capacity_prediction``)."""
+        serial, saturated = probes[0], probes[1]
+        x1 = serial.requests_per_s or (1 / serial.e2e_mean_s if serial.e2e_mean_s else None)
+        n = saturated.num_requests
+
+        def cell_at(rate: float) -> CellSpec:
+            return self.scenario.probe_cell(template, "level", f"poisson:{rate:.6g}", n)
+        return predict_capacity(self.predict, cell_at, records[1].to_dict(),
+                                store.rows(records[1].cell_id), x1, saturated.requests_per_s)
 
 
 def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord]) -> None:
+    pooled = rate_verdicts(list(found.probes))
     path = store.dir / SEARCHES_FILE
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[template.cell_id] = {
@@ -80,10 +101,15 @@ def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord])
         "result": {"status": found.status, "capacity_req_s": found.capacity,
                    "bracket_req_s": found.bracket, "tolerance": found.tolerance,
                    "attainment_target": found.attainment, "knee": found.knee,
+                   "predicted_req_s": found.predicted, "num_requests": found.num_requests,
+                   "requests_to_decide_a_pass": found.needed,
                    "describe": found.describe()},
         "probes": [{"cell_id": r.cell_id, "label": p.label, "role": p.role,
-                    "status": r.status, "share": p.share, "interval": p.interval,
-                    "verdict": p.verdict, "over_saturated": p.over_saturated,
+                    "status": r.status, "share": p.share, "num_requests": p.num_requests,
+                    "keys": {e.key: {"within": e.within, "n": e.n, "quantile": e.quantile,
+                                     "unit": e.unit} for e in p.evidence},
+                    "verdict": p.verdict, "pooled_verdict": pooled.get(p.rate),
+                    "over_saturated": p.over_saturated,
                     "concurrency": p.concurrency, "throughput_tok_s": p.throughput_tok_s}
                    for r, p in zip(records, found.probes)]}
     tmp = path.with_suffix(".tmp")
@@ -92,9 +118,9 @@ def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord])
 
 
 def with_searches(backend: CellBackend, scenario: Scenario, cells: list[CellSpec],
-                  retry_failed: bool = False) -> CellBackend:
+                  retry_failed: bool = False, predict=None) -> CellBackend:
     """``backend`` itself when the scenario has no ``arrival: auto`` workload."""
     templates = scenario.searches()
     if not templates:
         return backend
-    return SearchingBackend(backend, scenario, templates, cells, retry_failed)
+    return SearchingBackend(backend, scenario, templates, cells, retry_failed, predict)

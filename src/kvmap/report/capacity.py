@@ -11,8 +11,7 @@ reaches 90% of the peak.
 """
 from __future__ import annotations
 
-from kvmap.runs.search import (Probe, SearchResult, SearchSettings,
-                                         requests_to_resolve, result)
+from kvmap.runs.search import Probe, SearchResult, SearchSettings, result
 from kvmap.report.loadcurve import Capacity, load_of
 from kvmap.runs.record import CellRecord
 
@@ -42,8 +41,7 @@ def search_result(cells: list[CellRecord]) -> SearchResult | None:
     if not probes:
         return None
     first = search_of(probes[0])
-    fields = {k: first[k] for k in ("attainment", "tolerance", "levels", "max_probes")
-              if k in first}
+    fields = {k: first[k] for k in SearchSettings.__dataclass_fields__ if k in first}
     settings = SearchSettings(**fields)
     ordered = sorted(probes, key=lambda c: c.started_at or "")
     return result([Probe.of(c, settings.attainment) for c in ordered], settings)
@@ -54,15 +52,14 @@ def search_capacity(cells: list[CellRecord]) -> Capacity | None:
     found = search_result(cells)
     if found is None:
         return None
-    status = {"bracketed": "interpolated", "indeterminate": "interpolated"}.get(
+    status = {"decided": "interpolated", "undecided": "interpolated"}.get(
         found.status, found.status)
     rates = [p.rate for p in found.probes if p.rate is not None and p.ok]
-    n = max(c.metrics.get("num_requests") or 0 for c in cells)
-    note = ""
+    n = sum(p.num_requests for p in found.probes)
+    note = f"decided on {n} requests" if found.sure else ""
     if not found.sure:
-        note = (f"indeterminate at this power: an attainment of {found.attainment:g} needs "
-                f"about {requests_to_resolve(found.attainment)} requests a level, "
-                f"{n} ran")
+        note = (f"undecided at this power: {n} requests ran and no level's verdict "
+                "brackets the capacity (searches.json: what each level needs)")
     return Capacity(found.capacity, status, "poisson", min(rates, default=None),
                     max(rates, default=None), found.bracket, note=note)
 
@@ -80,15 +77,19 @@ def search_lines(run_dir) -> list[str]:
         res = entry["result"]
         name = entry["kv"] if not entry.get("quantization") else \
             f"{entry['quantization']} weights + {entry['kv']}"
+        pred = res.get("predicted_req_s")
         out.append(f"  {entry['model']}: {name} on {entry['workload']}: {res['describe']} "
-                   f"(attainment >= {res['attainment_target']:g}, tolerance "
-                   f"{res['tolerance']:g})")
+                   f"(tolerance {res['tolerance']:g}"
+                   + (f"; simulator predicted {pred:.3g} req/s" if pred else "") + ")")
         for p in entry["probes"]:
-            share = "" if p["share"] is None else f" attainment {p['share']:.3f}"
-            ci = "" if not p["interval"] else f" [{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]"
+            keys = p.get("keys") or {}
+            shares = ", ".join(f"{k} {v['within']}/{v['n']} {v['unit']} (>= {v['quantile']:g})"
+                               for k, v in keys.items())
             tag = "over-saturated, stopped early" if p["over_saturated"] else \
-                p["verdict"] or p["status"]
-            out.append(f"    {p['role']:<9} {p['label']:<16}{share}{ci} {tag}")
+                (p.get("verdict") or p["status"])
+            pooled = p.get("pooled_verdict")
+            tag += f"; pooled: {pooled}" if pooled and pooled != p.get("verdict") else ""
+            out.append(f"    {p['role']:<9} {p['label']:<16} {shares} {tag}")
         knee = res.get("knee")
         if knee:
             out.append(f"    knee: throughput reaches {knee['share']:.0%} of its peak "

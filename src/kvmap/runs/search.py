@@ -1,5 +1,5 @@
-"""Load levels found, not guessed: ``arrival: auto`` and the SLA capacity by bisection.
-The rules only (pure: records in, the next probe out): the bench runs the probes
+"""Load levels found, not guessed: ``arrival: auto``, the SLA capacity by predict-then-
+verify. The rules only (pure: records in, the next probe out): the bench runs the probes
 (``bench.search_backend``), the report reads the capacity back (``report.capacity``).
 
 A workload with ``arrival: auto`` runs, per configuration, a sequence of probe cells, each
@@ -8,36 +8,40 @@ same path:
 
     1. serial     closed:1, a few requests: a request's own time W1 and rate X1
     2. saturated  closed:C, C = min(num_requests, max_num_seqs): the peak rate Xmax
-    3. levels     open loop (Poisson) at ``levels`` rates, geometric from min(X1, Xmax/2)
-                  to Xmax -- by Little's law the concurrency lambda x W1 then runs from
-                  about one request to the knee -- in increasing order, up to the first
-                  that misses the SLA
-    4. bisection  at the geometric mean of the highest passing and lowest missing rate,
-                  until they are within ``tolerance`` (relative) or ``max_probes`` ran;
-                  a lowest level that misses halves the rate instead (the search goes on
-                  below it)
+    3. predicted  the simulator of this machine, given the saturated run's requests,
+                  predicts the highest Poisson rate that meets the SLA (the backend asks
+                  it; without a prediction the first level is the geometric middle of
+                  [min(X1, Xmax / 2), Xmax])
+    4. verify     open-loop (Poisson) levels placed around the boundary: the first at the
+                  prediction; then, from the decided verdicts so far, up by
+                  ``STEP`` until a level fails, down until one passes, then bisection
+                  (geometric mean) until the decided pass and the decided fail are within
+                  ``tolerance`` (relative) or ``max_probes`` ran
+    5. extend     sequential sampling: a level whose verdict is undecided draws more
+                  requests (a probe at the same rate with fresh requests: another seed)
+                  until it is decided or holds ``max_level_requests``
 
-A level *passes* when its SLA attainment -- per SLA key the share of its values within the
-limit (TTFT: one a request; TBT: every gap, with the requests as the sample size), the
-smallest over the keys -- is at least ``attainment`` (default 0.99, so "P99 within the
-SLA"). Each probe carries the Wilson interval of that share: ``pass`` when the interval
-is above the target, ``fail`` below, ``indeterminate`` when it straddles it (a 99% target
-needs about 380 requests a level before an all-pass level is a ``pass``). The bisection
-moves on the point estimate; the capacity -- the highest passing rate, bracketed by the
-lowest missing one -- is ``indeterminate`` when either bracket's verdict is. A failed
-cell is a missing level (stored failed; the search continues below it); a level stopped
-early as over-saturated (``saturation``) misses.
+Verdicts are the exact percentile tests of :mod:`kvmap.runs.evidence`, per SLA key at
+its own percentile (``ttft_p90_s``: 0.90; a key without one at ``attainment``), pooled
+across levels by monotonicity; a level stopped early as over-saturated fails. The
+capacity is *decided* when a decided pass and a decided fail bracket it; the point
+estimate is the isotonic fit of attainment against rate over every level
+(``fit_boundary``), clipped into the bracket.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from kvmap.metrics import split_slo_key
+from kvmap.runs.evidence import (KeyEvidence, decide, evidence_of, fit_boundary, key_quantile,
+                                 level_verdict, needed_for_pass, pooled, slo_attainment)
 
-ROLES = ("serial", "saturated", "level", "bisect")
+ROLES = ("serial", "saturated", "level", "bisect", "extend")
 SERIAL_REQUESTS = 4
-Z95 = 1.959964
+STEP = 1.6                  # a level up or down before the bracket closes
+MAX_OVER_PEAK = 1.5         # levels above the saturated run's rate by at most this much
+
+__all__ = ["slo_attainment"]        # re-exported: the bench cell computes it from here
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,10 @@ class SearchSettings:
     attainment: float = 0.99
     tolerance: float = 0.25           # relative gap of the final bracket
     levels: int = 3
-    max_probes: int = 6               # levels and bisections, besides serial and saturated
+    max_probes: int = 6               # levels, bisections and extensions, besides serial
+    #                                   and saturated
+    max_level_requests: int | None = None   # sequential sampling's cap a rate (None: 4
+    #                                         probes' requests)
 
     def __post_init__(self) -> None:
         a = self.attainment
@@ -60,6 +67,9 @@ class SearchSettings:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"search.{key}={v!r} must be an integer >= 1")
+        m = self.max_level_requests
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"search.max_level_requests={m!r} must be an integer >= 1")
         if self.levels > self.max_probes:
             raise ValueError(f"search.levels={self.levels} is more than "
                              f"search.max_probes={self.max_probes}")
@@ -71,15 +81,18 @@ class SearchSettings:
         if not isinstance(raw, dict):
             raise ValueError(f"search: {raw!r} must be a mapping of attainment, tolerance, "
                              "levels, max_probes")
-        unknown = sorted(set(raw) - {"attainment", "tolerance", "levels", "max_probes"})
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ValueError(f"search: unknown key {unknown[0]!r}; valid keys: attainment, "
-                             "levels, max_probes, tolerance")
+            raise ValueError(f"search: unknown key {unknown[0]!r}; valid keys: "
+                             f"{', '.join(sorted(cls.__dataclass_fields__))}")
         return cls(**raw)
 
     def to_dict(self) -> dict:
-        return {"attainment": self.attainment, "tolerance": self.tolerance,
-                "levels": self.levels, "max_probes": self.max_probes}
+        out = {"attainment": self.attainment, "tolerance": self.tolerance,
+               "levels": self.levels, "max_probes": self.max_probes}
+        if self.max_level_requests is not None:
+            out["max_level_requests"] = self.max_level_requests
+        return out
 
 
 def search_settings(item: dict, options: dict) -> dict | None:
@@ -95,65 +108,18 @@ def search_settings(item: dict, options: dict) -> dict | None:
     return SearchSettings.parse(item.get("search")).to_dict()
 
 
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion (``(0, 1)`` for no trials)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def requests_to_resolve(target: float, z: float = Z95) -> int:
-    """Requests a level needs before an all-pass level's interval clears ``target``."""
-    return 1 if target >= 1 else math.ceil(z * z * target / (1 - target))
-
-
-def slo_attainment(rows: list[dict], slo: dict | None) -> dict | None:
-    """Per SLA key ``{"attained", "n", "share"}`` of a workload cell's rows (module
-    docstring), with ``"min"``: the smallest share and its key. None without an SLA."""
-    from kvmap.metrics import request_stats
-    if not slo:
-        return None
-    stats = [request_stats(r) for r in rows]
-    out = {}
-    for key, limit in slo.items():
+def requests_to_decide(slo: dict | None, attainment: float, gaps_per_request: int = 1
+                       ) -> int:
+    """Requests a level needs before a pass can be decided, every value within the limit:
+    the most over the SLA keys (a TBT key counts ``gaps_per_request`` values a request)."""
+    from kvmap.metrics import split_slo_key
+    need = 1
+    for key in slo or {}:
         metric, _ = split_slo_key(key)
-        metric = metric.removesuffix("_s")
-        if metric == "ttft":
-            values = [[s.ttft_s if not s.failed and s.ttft_s is not None else math.inf]
-                      for s in stats]
-        elif metric in ("tbt", "itl"):
-            values = [list(s.itl_s) if not s.failed else [math.inf] for s in stats]
-        elif metric in ("tpot", "e2e", "queue"):
-            v = [getattr(s, f"{metric}_s") for s in stats]
-            values = [[x if x is not None and not s.failed else math.inf]
-                      for x, s in zip(v, stats)]
-        else:
-            continue
-        flat = [x for group in values for x in group]
-        if not flat:
-            continue
-        share = sum(x <= limit for x in flat) / len(flat)
-        out[key] = {"share": share, "attained": share * len(stats), "n": len(stats)}
-    if not out:
-        return None
-    worst = min(out, key=lambda k: out[k]["share"])
-    return {"keys": out, "min": {"key": worst, **out[worst]}}
-
-
-def verdict(attained: dict | None, target: float) -> tuple[str, tuple[float, float] | None]:
-    """``("pass" | "fail" | "indeterminate", interval)`` of a level's attainment."""
-    if not attained:
-        return "indeterminate", None
-    worst = attained["min"]
-    low, high = wilson(worst["attained"], worst["n"])
-    if low >= target:
-        return "pass", (low, high)
-    if high < target:
-        return "fail", (low, high)
-    return "indeterminate", (low, high)
+        values = needed_for_pass(key_quantile(key, attainment))
+        per = max(1, gaps_per_request) if metric in ("tbt", "itl") else 1
+        need = max(need, math.ceil(values / per))
+    return need
 
 
 @dataclass(frozen=True)
@@ -165,22 +131,19 @@ class Probe:
     ok: bool                          # the cell ran (an over-saturated stop is ok)
     requests_per_s: float | None = None
     e2e_mean_s: float | None = None
-    share: float | None = None        # attainment point estimate
-    verdict: str | None = None
-    interval: tuple[float, float] | None = None
+    share: float | None = None        # the worst key's share within its limit
+    verdict: str | None = None        # this probe alone: pass | fail | undecided
+    evidence: tuple[KeyEvidence, ...] = ()
     over_saturated: bool = False
     concurrency: float | None = None
     throughput_tok_s: float | None = None
     label: str = ""
-
-    def passes(self, target: float) -> bool:
-        """On the point estimate (the bisection's direction)."""
-        return self.ok and not self.over_saturated and self.share is not None \
-            and self.share >= target
+    num_requests: int = 0
 
     @classmethod
     def of(cls, record, target: float) -> Probe:
-        """From a ``CellRecord`` or its stored dict."""
+        """From a ``CellRecord`` or its stored dict; ``target``: the quantile of SLA keys
+        without a percentile."""
         if not isinstance(record, dict):
             record = record.to_dict()
         load = record.get("load") or {}
@@ -188,17 +151,19 @@ class Probe:
         m = record.get("metrics") or {}
         ok = record.get("status") == "ok"
         att = m.get("slo_attainment")
-        v, interval = verdict(att, target) if ok else (None, None)
+        evidence = evidence_of(att, target) if ok else ()
         over = bool((m.get("stopped_early") or {}).get("reason") == "over-saturated")
+        v = "fail" if over else (level_verdict(list(evidence)) if ok else None)
         return cls(role=search.get("role", "level"),
                    rate=load.get("value") if load.get("kind") == "poisson" else None,
                    ok=ok, requests_per_s=m.get("requests_per_s"),
                    e2e_mean_s=(m.get("e2e_s") or {}).get("mean"),
-                   share=att["min"]["share"] if att else None,
-                   verdict="fail" if over else v, interval=interval, over_saturated=over,
+                   share=att["min"]["share"] if att else None, verdict=v,
+                   evidence=evidence, over_saturated=over,
                    concurrency=m.get("concurrency_mean"),
                    throughput_tok_s=m.get("output_tokens_per_s"),
-                   label=str(load.get("label") or ""))
+                   label=str(load.get("label") or ""),
+                   num_requests=int(m.get("num_requests") or 0))
 
 
 def _rate_label(rate: float) -> str:
@@ -206,24 +171,91 @@ def _rate_label(rate: float) -> str:
     return f"poisson:{float(f'{rate:.3g}'):g}"
 
 
+def _round(rate: float) -> float:
+    return float(f"{rate:.3g}")
+
+
 @dataclass(frozen=True)
 class NextProbe:
     role: str
     arrival: str                      # "closed:N" | "poisson:R"
     num_requests: int
+    seed_offset: int = 0              # an extension's fresh requests
 
 
 def grid(serial_rate: float, peak_rate: float, levels: int) -> list[float]:
-    """``levels`` rates, geometric from min(X1, Xmax / 2) to Xmax (module docstring)."""
+    """``levels`` rates, geometric from min(X1, Xmax / 2) to Xmax: the ladder a search
+    without a prediction would climb (the requests it saves are counted against it)."""
     lo = min(serial_rate, peak_rate / 2)
     hi = max(peak_rate, lo)
     if levels == 1:
-        return [float(f"{hi:.3g}")]
-    return [float(f"{lo * (hi / lo) ** (i / (levels - 1)):.3g}") for i in range(levels)]
+        return [_round(hi)]
+    return [_round(lo * (hi / lo) ** (i / (levels - 1))) for i in range(levels)]
+
+
+def level_probes(probes: list[Probe]) -> list[Probe]:
+    """The open-loop levels that ran (serial and saturated runs are not levels)."""
+    return [p for p in probes if p.role in ("level", "bisect", "extend")
+            and p.rate is not None]
+
+
+def rate_verdicts(probes: list[Probe]) -> dict[float, str]:
+    """Each measured rate's verdict, pooled over every level (``evidence.pooled``); a
+    rate with an over-saturated probe fails, one whose cells all failed is left out."""
+    levels = [p for p in level_probes(probes) if p.ok]
+    data = [(p.rate, list(p.evidence)) for p in levels]
+    out = {}
+    for rate in sorted({p.rate for p in levels}):
+        here = [p for p in levels if math.isclose(p.rate, rate, rel_tol=1e-6)]
+        out[rate] = "fail" if any(p.over_saturated for p in here) else pooled(data, rate)
+    return out
+
+
+def _bracket(verdicts: dict[float, str]) -> tuple[float | None, float | None]:
+    """(highest decided pass, lowest decided fail above it)."""
+    lo = max((r for r, v in verdicts.items() if v == "pass"), default=None)
+    hi = min((r for r, v in verdicts.items() if v == "fail" and (lo is None or r > lo)),
+             default=None)
+    return lo, hi
+
+
+def _requests_at(probes: list[Probe], rate: float) -> tuple[int, int]:
+    """(requests measured at ``rate``, probes run there)."""
+    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+    return sum(p.num_requests for p in here), len(here)
+
+
+def _worth_extending(probes: list[Probe], rate: float, cap: int) -> bool:
+    """Whether drawing up to ``cap`` requests at ``rate`` could decide it: at the shares
+    seen so far, every key's test decides with the values that many requests would give
+    (a share that sits on its quantile never decides: move on instead)."""
+    measured, _ = _requests_at(probes, rate)
+    if measured >= cap or measured == 0:
+        return False
+    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+    for key in {e.key for p in here for e in p.evidence}:
+        ev = [e for p in here for e in p.evidence if e.key == key]
+        within, n = sum(e.within for e in ev), sum(e.n for e in ev)
+        scale = cap / measured
+        if decide(round(within * scale), round(n * scale), ev[0].quantile) == "undecided":
+            return False
+    return True
+
+
+def _point_passes(probes: list[Probe], rate: float) -> bool:
+    """Whether every key's share at ``rate`` (its probes pooled) meets its quantile."""
+    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+    keys = {e.key for p in here for e in p.evidence}
+    for key in keys:
+        ev = [e for p in here for e in p.evidence if e.key == key]
+        n = sum(e.n for e in ev)
+        if not n or sum(e.within for e in ev) / n < ev[0].quantile:
+            return False
+    return bool(keys)
 
 
 def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
-               max_num_seqs: int) -> NextProbe | None:
+               max_num_seqs: int, predicted: float | None = None) -> NextProbe | None:
     """The next probe to run, or None when the search is done (module docstring)."""
     serial = next((p for p in probes if p.role == "serial"), None)
     if serial is None:
@@ -232,93 +264,112 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
     if saturated is None:
         c = max(1, min(num_requests, max_num_seqs))
         return NextProbe("saturated", f"closed:{c}", num_requests)
-    levels = [p for p in probes if p.role in ("level", "bisect")]
+    levels = level_probes(probes)
     if len(levels) >= settings.max_probes or not (serial.ok and saturated.ok):
         return None                     # done, or the range runs failed: nothing to place
     x1 = serial.requests_per_s or (1 / serial.e2e_mean_s if serial.e2e_mean_s else None)
     xmax = saturated.requests_per_s or x1
     if not x1 or not xmax:
         return None
-    target = settings.attainment
-    tried = {round(p.rate, 6) for p in levels if p.rate is not None}
-    for rate in grid(x1, xmax, settings.levels):
-        if round(rate, 6) in tried:
-            p = next(q for q in levels if q.rate is not None and round(q.rate, 6) == round(rate, 6))
-            if not p.passes(target):
-                break                   # the first miss ends the grid
-            continue
-        return NextProbe("level", _rate_label(rate), num_requests)
-    passing = [p.rate for p in levels if p.rate is not None and p.passes(target)]
-    missing = [p.rate for p in levels if p.rate is not None and not p.passes(target)]
-    if not missing:
-        return None                     # every level up to the peak passes: "top"
-    hi = min(missing)
-    below = [r for r in passing if r < hi]
-    if not below:                       # even the lowest misses: go on below it
-        rate = hi / 2
-        if rate < x1 / 8:
+    if not levels:
+        ladder = grid(x1, xmax, 3)
+        # verify a prediction where it is cheap to decide: half the tolerance below it
+        # (a pass expected), then half above (a fail expected)
+        first = predicted / math.sqrt(1 + settings.tolerance) if predicted and predicted > 0 \
+            else math.sqrt(ladder[0] * ladder[-1])
+        first = min(max(first, x1 / 8), MAX_OVER_PEAK * xmax)
+        return NextProbe("level", _rate_label(first), num_requests)
+    verdicts = rate_verdicts(probes)
+    last = levels[-1]
+    cap = settings.max_level_requests or 4 * num_requests
+    if verdicts.get(last.rate) == "undecided" and _worth_extending(probes, last.rate, cap):
+        _, runs = _requests_at(probes, last.rate)
+        return NextProbe("extend", _rate_label(last.rate), num_requests, seed_offset=runs)
+    lo, hi = _bracket(verdicts)
+
+    def tried(rate: float) -> bool:                 # within a few percent of a level run
+        return any(abs(rate / r - 1) < settings.tolerance / 8 for r in verdicts)
+    if lo is not None and hi is not None:
+        if hi / lo - 1 <= settings.tolerance:
             return None
-        return NextProbe("bisect", _rate_label(rate), num_requests)
-    lo = max(below)
-    if hi / lo - 1 <= settings.tolerance:
+        rate = _round(math.sqrt(lo * hi))
+        if tried(rate):               # the middle ran and is undecided past its cap:
+            #                             halve the side the boundary looks to be on
+            mid = min(verdicts, key=lambda r: abs(r / rate - 1))
+            rate = _round(math.sqrt(mid * hi) if _point_passes(probes, mid)
+                          else math.sqrt(lo * mid))
+        return None if tried(rate) else \
+            NextProbe("bisect", _rate_label(rate), num_requests)
+    step = 1 + settings.tolerance if predicted else STEP
+    if hi is None:                      # nothing fails yet: up from the highest tried
+        rate = _round(max(verdicts) * step)
+        if rate > MAX_OVER_PEAK * xmax or tried(rate):
+            return None                 # the SLA holds past the peak: "top"
+        return NextProbe("level", _rate_label(rate), num_requests)
+    rate = _round(min(verdicts) / step)     # nothing passes yet: down from the lowest
+    if rate < x1 / 8 or tried(rate):
         return None
-    rate = float(f"{math.sqrt(lo * hi):.3g}")
-    if rate in (lo, hi):
-        return None
-    return NextProbe("bisect", _rate_label(rate), num_requests)
+    return NextProbe("level", _rate_label(rate), num_requests)
 
 
 @dataclass(frozen=True)
 class SearchResult:
     """The SLA capacity of one configuration (requests/s) and how sure it is."""
 
-    status: str                       # bracketed | indeterminate | top | below | unmeasured
-    capacity: float | None            # the highest passing rate
-    bracket: tuple[float, float] | None   # (highest passing, lowest missing)
+    status: str                       # decided | top | below | undecided | unmeasured
+    capacity: float | None            # the estimate: the fitted boundary in the bracket
+    bracket: tuple[float, float] | None   # (highest decided pass, lowest decided fail)
     tolerance: float
     attainment: float
     probes: tuple[Probe, ...] = field(default=())
     knee: dict | None = None
-    sure: bool = True                 # the brackets' intervals clear the target
+    predicted: float | None = None    # the simulator's capacity, before any level ran
+    num_requests: int = 0             # every probe's requests, serial and saturated too
+    needed: int | None = None         # requests a level needs to decide a pass
+
+    @property
+    def sure(self) -> bool:
+        return self.status in ("decided", "top", "below")
 
     def describe(self) -> str:
+        n = f"{self.num_requests} requests"
+        pred = f"; predicted {self.predicted:.3g}" if self.predicted else ""
         if self.status == "unmeasured":
             return "not measured"
         if self.status == "below":
-            low = min((p.rate for p in self.probes if p.rate), default=None)
-            return f"below {low:g} req/s" if low else "below the lowest level"
+            return f"below {self.bracket[1]:.3g} req/s (decided fail there; {n}{pred})"
         if self.status == "top":
-            flag = "" if self.sure else ", indeterminate at this power"
-            return f">= {self.capacity:g} req/s (every level up to the peak passes{flag})"
+            return (f">= {self.capacity:.3g} req/s (the SLA holds at every rate tried, "
+                    f"decided; {n}{pred})")
+        if self.status == "undecided":
+            need = f"; a pass needs >= {self.needed} requests a level" if self.needed else ""
+            return f"undecided at this power ({n}{need}{pred})"
         lo, hi = self.bracket
-        flag = ", indeterminate at this power" if self.status == "indeterminate" else ""
-        return f"{lo:g} req/s [{lo:g}, {hi:g}){flag}"
+        return f"{self.capacity:.3g} req/s [{lo:.3g}, {hi:.3g}) ({n}{pred})"
 
 
-def result(probes: list[Probe], settings: SearchSettings) -> SearchResult:
+def result(probes: list[Probe], settings: SearchSettings, predicted: float | None = None,
+           needed: int | None = None) -> SearchResult:
     """The search's answer from its probes (module docstring)."""
     target = settings.attainment
-    levels = [p for p in probes if p.role in ("level", "bisect") and p.rate is not None]
-    knee = knee_of(probes)
+    levels = [p for p in level_probes(probes) if p.ok]
     common = dict(tolerance=settings.tolerance, attainment=target, probes=tuple(probes),
-                  knee=knee)
-    if not any(p.ok for p in levels):
+                  knee=knee_of(probes), predicted=predicted,
+                  num_requests=sum(p.num_requests for p in probes), needed=needed)
+    if not levels:
         return SearchResult("unmeasured", None, None, **common)
-    passing = [p for p in levels if p.passes(target)]
-    missing = [p for p in levels if not p.passes(target)]
-    if not passing:
-        return SearchResult("below", None, None, **common)
-    if not missing:
-        top = max(passing, key=lambda p: p.rate)
-        return SearchResult("top", top.rate, None, **common, sure=top.verdict == "pass")
-    hi = min(missing, key=lambda p: p.rate)
-    below = [p for p in passing if p.rate < hi.rate]
-    if not below:
-        return SearchResult("below", None, None, **common)
-    lo = max(below, key=lambda p: p.rate)
-    sure = all(p.verdict in ("pass", "fail") for p in (lo, hi) if p.ok)
-    return SearchResult("bracketed" if sure else "indeterminate", lo.rate,
-                        (lo.rate, hi.rate), **common, sure=sure)
+    verdicts = rate_verdicts(probes)
+    lo, hi = _bracket(verdicts)
+    if lo is not None and hi is not None:
+        fit = fit_boundary([(p.rate, list(p.evidence)) for p in levels])
+        estimate = min(max(fit, lo), hi) if fit else math.sqrt(lo * hi)
+        return SearchResult("decided", _round(estimate), (lo, hi), **common)
+    if lo is not None:
+        return SearchResult("top", lo, None, **common)
+    if hi is not None and all(v != "pass" for v in verdicts.values()) \
+            and hi <= min(verdicts):
+        return SearchResult("below", None, (0.0, hi), **common)
+    return SearchResult("undecided", None, None, **common)
 
 
 def knee_of(probes: list[Probe], share: float = 0.9) -> dict | None:

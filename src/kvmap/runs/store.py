@@ -299,6 +299,11 @@ class RunStore:
                              num_cells_failed=sum(not c.ok for c in cells),
                              **fields)
 
+    def rows(self, cell_id: str) -> list[dict]:
+        """One stored cell's per-request rows ([] when it stored none)."""
+        part = self.part_path(cell_id)
+        return pq.read_table(part).to_pylist() if part.exists() else []
+
     def requests(self) -> pa.Table:
         """Every per-request row (``REQUEST_SCHEMA``) as a ``pyarrow.Table``."""
         if not self.requests_path.exists():

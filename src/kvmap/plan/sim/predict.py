@@ -118,6 +118,11 @@ def predict(cell, record: dict, rows: list[dict], hw: Hardware, kv_costs,
                         "kv_bytes_per_token": mc.kv_bytes_per_token,
                         "ridge_num_seqs": ridge_num_seqs(mc, hw)},
            "approximations": approximations(cell, config)}
+    if cell.slo:                    # the SLA's evidence as the search reads a level's
+        from kvmap.runs.evidence import slo_attainment
+        target = ((cell.workload.search if cell.workload else None) or {}).get("attainment")
+        out["slo_attainment"] = slo_attainment(list(result.records), cell.slo,
+                                               target or 0.99)
     if gpu:
         from kvmap.kv.config import KVConfig
         gpu_hw = gpu_hardware(gpu)
@@ -163,6 +168,12 @@ class CellPredictor:
     def __init__(self, gpu: str | None = DEFAULT_GPU):
         self.gpu = gpu
         self._hardware: dict = {}
+
+    def local(self) -> CellPredictor:
+        """The same machine without the GPU beside (the search's capacity prediction)."""
+        other = CellPredictor(gpu=None)
+        other._hardware = self._hardware
+        return other
 
     def _machine(self, dtype: str, num_threads: int | None):
         from kvmap.hardware import detect

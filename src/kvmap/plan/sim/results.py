@@ -85,10 +85,11 @@ class SimResult:
     time_s: dict
     bound_share: dict
     timeline: tuple
+    records: tuple = field(default=(), compare=False, repr=False)   # per request, for SLAs
 
     def to_dict(self) -> dict:
-        return jsonable({k: getattr(self, k) for k in self.__dataclass_fields__},
-                        finite_only=True)
+        return jsonable({k: getattr(self, k) for k in self.__dataclass_fields__
+                         if k != "records"}, finite_only=True)
 
 
 def _timeline(steps: StepLog) -> tuple:
@@ -169,4 +170,4 @@ def build_result(sim) -> SimResult:
                 **{f"stall_{link}": s for link, s in steps.stall_by_link.items()},
                 "busy": busy_s},
         bound_share={k: v / busy_s for k, v in share.items()} if busy_s else {},
-        timeline=_timeline(steps))
+        timeline=_timeline(steps), records=tuple(records))
