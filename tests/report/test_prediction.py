@@ -11,7 +11,7 @@ from kvmap.report.calibration import calibrate_cell, calibration, mape, pearson_
 from kvmap.report.html import render
 from kvmap.report.loader import load_run
 from kvmap.report.terminal import summary
-from kvmap.report.verdict import classify, gpu_sentence, verdicts
+from kvmap.report.verdict import classify, gpu_sentence, speed_of, verdicts
 from tests.report.conftest import _record, store_run
 
 HALF = 2.262 * np.std([-5, 5] * 5, ddof=1) / np.sqrt(10)    # t(0.975, 9) sd / sqrt(n)
@@ -29,7 +29,7 @@ CASES = {
 
 def cell(workload: str, kv: str) -> CellRecord:
     rate, running, tbt, p_rate, p_running, p_tbt, share, gpu_rate = CASES[workload][kv]
-    metrics = {"output_tokens_per_s": rate, "concurrency_max": running,
+    metrics = {"output_tokens_per_s": rate, "concurrency_max": running, "num_requests": 16,
                "ttft_s": {"p50": 1.0}, "tbt_s": {"p50": tbt},
                # windows of rate -+ 5: the interval is rate -+ HALF
                "output_throughput_windows_tok_s": [rate - 5, rate + 5] * 5}
@@ -108,12 +108,20 @@ def test_verdicts_per_deployment(run):
     assert set(found) == {"s1", "long"} and set(s1) == {"int8", "int4"}
     int8 = s1["int8"]
     assert int8.kind == "capacity gain" and int8.measured_ratio == pytest.approx(0.98)
+    lo, hi = (98 - HALF) / (100 + HALF), (98 + HALF) / (100 - HALF)
+    ci_lo, ci_hi = int8.measured_ci
+    assert ci_lo == pytest.approx(lo, rel=1e-3) and ci_hi == pytest.approx(hi, rel=1e-3)
+    need = int(np.ceil(16 * (max(ci_hi - 1, 1 - ci_lo) / 0.05) ** 2))
+    # its interval spans 1 and is wider than +-5%: the speed is undecided, with the
+    # requests that would decide it; the bound named is the calibration table's
+    assert int8.speed == "undecided" and int8.would_need == need
     assert int8.sentence == (
-        "int8 is a capacity gain here, not a speed gain (1.9x the sequences running at once): "
-        "at this workload a decode step reads 540 MB of weights and at most 76 MB of KV, and "
-        "past 12 sequences a step is compute-bound on this machine (x86-avx512); predicted "
-        f"0.95x, measured 0.98x [{(98 - HALF) / (100 + HALF):.2f}, "
-        f"{(98 + HALF) / (100 - HALF):.2f}].")
+        "int8 is a capacity gain here (1.9x the sequences running at once); its speed is "
+        f"undecided at this power (about {need} requests a cell would decide it): its "
+        "predicted step time is mostly memory reads (weight- and KV-read-bound) (70%) on "
+        "this machine (x86-avx512), and a decode step reads 540 MB of weights and at most "
+        f"76 MB of KV; predicted 0.95x, measured 0.98x [{lo:.2f}, {hi:.2f}].")
+    assert "shares the read of the weights" not in int8.sentence
     int4 = s1["int4"]
     assert int4.kind == "capacity gain, slower"
     assert "its codec's own operators take 50% of the predicted time (5% with bf16)" \
@@ -121,7 +129,8 @@ def test_verdicts_per_deployment(run):
     speed = long["int8"]
     assert speed.kind == "speed gain" and speed.sentence.startswith(
         "int8 is a speed gain here (2.0x the sequences running at once): ")
-    assert "stays weight-bound up to 12 sequences" in speed.sentence
+    assert "below 12 sequences each more sequence shares the read of the weights" \
+        in speed.sentence
     assert gpu_sentence(int8) == f"On {GPU_LABEL}: predicted 1.80x bf16's throughput."
     # with the mean running in both records, the capacity is read on it
     mean = {r.cell_id: r for r in run.cells}
@@ -132,19 +141,30 @@ def test_verdicts_per_deployment(run):
     assert "(1.6x the sequences running on average)" in again.sentence
 
 
-@pytest.mark.parametrize("ratio, ci, capacity, kind", [
-    (1.3, (1.1, 1.5), 1.0, "speed gain"), (1.0, (0.9, 1.1), 2.0, "capacity gain"),
-    (0.7, (0.6, 0.8), 3.0, "capacity gain, slower"), (0.7, (0.6, 0.8), 1.0, "slower"),
-    (1.02, None, 1.05, "no change"), (1.2, None, 1.0, "speed gain")])
-def test_classify(ratio, ci, capacity, kind):
-    assert classify(ratio, ci, capacity) == kind
+@pytest.mark.parametrize("ci, n, capacity, kind", [
+    ((1.1, 1.5), 16, 1.0, "speed gain"), ((0.9, 1.1), 16, 2.0, "capacity gain"),
+    ((0.6, 0.8), 16, 3.0, "capacity gain, slower"), ((0.6, 0.8), 16, 1.0, "slower"),
+    ((0.97, 1.04), 16, 1.0, "no difference"), ((0.9, 1.3), 16, 1.0, "undecided"),
+    # no interval, or a cell of one request: nothing is decided, however large the ratio
+    (None, 16, 1.0, "undecided"), ((1.1, 1.3), 1, 1.0, "undecided")])
+def test_classify(ci, n, capacity, kind):
+    assert classify(speed_of(ci, n)[0], capacity) == kind
+
+
+def test_a_verdict_from_one_request_is_undecided():
+    a, b = cell("long", "int8"), cell("long", "bf16")
+    a.metrics["num_requests"] = b.metrics["num_requests"] = 1
+    (v,) = verdicts([a, b])["long"]
+    assert v.kind == "undecided" and v.concurrency_ratio is None
+    assert v.sentence.startswith("int8 is undecided here: its speed is undecided at this "
+                                 "power (too few requests, or no interval)")
 
 
 def test_report_shows_verdicts_and_the_table(run):
     analysis = analyze(run)
     html = render(analysis)
     assert "Is the KV saving a speed gain here?" in html
-    assert "int8 is a capacity gain here, not a speed gain" in html
+    assert "int8 is a capacity gain here (1.9x the sequences running at once)" in html
     assert "MAPE 13%" in html and GPU_LABEL in html
     from rich.console import Console
     console = Console(width=300, record=True)

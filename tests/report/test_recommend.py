@@ -211,3 +211,15 @@ def test_a_random_weight_model_is_never_the_recommendation(configs):
     alone = recommend([dummy], Constraints(SLO), "throughput")   # nothing else: it may win
     assert alone.choice == "dummy:llama-3-8b: bf16"
 
+
+
+def test_a_configuration_that_fails_its_own_goodput_check_is_never_recommended(configs):
+    # int8 meets the P99 keys but most of its output misses the SLA request by request:
+    # its checklist's goodput item fails, so it is not the recommendation
+    configs[1].goodput_tok_s = 0.3 * configs[1].throughput_tok_s
+    for c in configs[:1]:
+        c.goodput_tok_s = 0.95 * c.throughput_tok_s
+    rec = recommend(configs, Constraints(SLO, max_accuracy_drop_pct=1.0), "throughput")
+    assert rec.choice == "bf16"
+    miss = next(k for k in rec.checks["int8"] if k.name == "goodput_miss")
+    assert not miss.ok and miss.measured == pytest.approx(0.7)

@@ -26,11 +26,11 @@ import numpy as np
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary
 from kvmap.report.noise import parts
-from kvmap.report.constraints import Constraints, check, fmt
+from kvmap.report.constraints import GOODPUT_FAIL_BELOW, Constraints, check, fmt
 
 KV_HEADROOM = 0.20
 LENGTH_RATIO_PASS, LENGTH_RATIO_WARN = 1.5, 3.0
-GOODPUT_PASS, GOODPUT_WARN = 0.90, 0.50
+GOODPUT_PASS, GOODPUT_WARN = 0.90, GOODPUT_FAIL_BELOW
 OPS_RATIO_PASS, OPS_RATIO_WARN = 1.2, 2.0
 STORAGE_PASS = 0.5
 INFLATION_WARN_PCT = 10.0

@@ -271,6 +271,8 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
             notes.append(f"{key}: no workload measured it; every configuration fails it")
     by_capacity = objective == "throughput" and any(
         c.capacity is not None and c.capacity.status != "unmeasured" for c in usable)
+    if any(c.capacity is not None and c.capacity.status != "unmeasured" for c in usable):
+        dropped.add("goodput_miss")     # swept: the SLA capacity is the goodput answer
     bases = {c.name: next((b for b in usable if b.name == c.equal_to), None) for c in usable}
     for c in usable:
         if c.equal_to is not None:

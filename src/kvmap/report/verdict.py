@@ -1,19 +1,25 @@
-"""The verdict on the map: per deployment, whether each KV configuration is a speed gain
-or only a capacity gain on the hardware the run measured -- one computed sentence each.
+"""The verdict on the map: per deployment, whether each KV configuration is a speed gain,
+a capacity gain, slower, no different, or undecided on the hardware the run measured --
+one computed sentence each, and only what the evidence decides.
 
 For a workload and a model, the baseline is the cell whose KV codec is the model's
 dtype (as the configuration table takes it). For every other configuration:
 
-- *capacity*: the sequences it ran on average over the baseline's (the most at once
-  where a record lacks the mean; a gain above ``1 + CAPACITY_MARGIN``);
 - *speed*: its output throughput over the baseline's, with an interval
   ``[lo_a / hi_b, hi_a / lo_b]`` from the two cells' throughput intervals
-  (:func:`kvmap.report.noise.throughput_ci`); a gain when the interval lies above 1, a
-  loss when below (without intervals: beyond ``SPEED_MARGIN``);
-- *why*, from the stored predictions (``prediction.roofline``, ``prediction.time_s``):
-  the bytes a decode step reads (the weights, at most the pool's KV), the batch past
-  which a step is compute-bound on this machine (``ridge_num_seqs``), and the share of
-  the predicted time the codec's own operators take;
+  (:func:`kvmap.report.noise.throughput_ci`): ``faster`` when the interval lies above 1,
+  ``slower`` below, ``no difference within +-EQUIVALENCE`` when it lies inside that band,
+  else ``undecided`` (with the requests that would narrow it enough, from the interval's
+  width shrinking as one over the square root of the sample). A cell of fewer than
+  ``MIN_REQUESTS`` requests, or without an interval, decides nothing;
+- *capacity*: the sequences it ran on average over the baseline's (the most at once
+  where a record lacks the mean), a gain above ``1 + CAPACITY_MARGIN``, counted only
+  when both cells ran at least ``MIN_REQUESTS`` requests;
+- *why*, from the stored predictions: the resource that takes most of the predicted step
+  time (``prediction.bound_share``: the same word as the calibration table's bound
+  column), the bytes a decode step reads, and the share of the predicted time the codec's
+  own operators take; the ridge clause (each more sequence shares the weights' read) only
+  where it is the reason: a speed gain from more sequences on a weight-bound step;
 - beside it, the same ratio simulated on the GPU the prediction names, labelled with
   the GPU profile's own words (spec sheet x assumed efficiency).
 
@@ -21,14 +27,20 @@ Records only: the predictions were stored at bench time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvmap.runs.record import as_dicts
 from kvmap.report.noise import throughput_ci
 
 CAPACITY_MARGIN = 0.10
-SPEED_MARGIN = 0.05
+EQUIVALENCE = 0.05               # "no difference" when the interval lies within +-5%
+MIN_REQUESTS = 4                 # fewer requests in a cell decide nothing
 CODEC_SHARE_NOTED = 0.10
+BOUND_WORDS = {"compute": "matrix products (compute-bound)",
+               "hbm": "memory reads (weight- and KV-read-bound)",
+               "kv_codec": "the KV codec's own operators", "overhead": "per-step overhead",
+               "interconnect": "interconnect"}
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class Verdict:
     kv: str
     baseline: str
     kind: str                      # speed gain | capacity gain | capacity gain, slower |
-    #                                slower | no change
+    #                                slower | no difference | undecided
     sentence: str
     measured_ratio: float | None
     measured_ci: tuple[float, float] | None
@@ -46,6 +58,8 @@ class Verdict:
     gpu: str | None = None
     gpu_ratio: float | None = None
     gpu_label: str | None = None
+    speed: str = "undecided"       # faster | slower | no difference | undecided
+    would_need: int | None = None  # requests a cell that would decide the speed
 
 
 def _mb(num_bytes: float) -> str:
@@ -69,54 +83,77 @@ def _codec_share(record: dict) -> float | None:
     return time_s.get("kv_codec", 0.0) / busy if busy else None
 
 
-def classify(ratio: float | None, ci: tuple[float, float] | None, capacity: float | None
-             ) -> str:
-    """speed gain, capacity gain (no speed either way), capacity gain, slower, slower,
-    or no change."""
-    if ratio is None:
-        faster = slower = False
-    elif ci is not None:
-        faster, slower = ci[0] > 1, ci[1] < 1
-    else:
-        faster, slower = ratio > 1 + SPEED_MARGIN, ratio < 1 - SPEED_MARGIN
+def speed_of(ci: tuple[float, float] | None, n: int | None) -> tuple[str, int | None]:
+    """``(faster | slower | no difference | undecided, requests that would decide)``."""
+    if ci is None or not n or n < MIN_REQUESTS:
+        return "undecided", None
+    lo, hi = ci
+    if lo > 1:
+        return "faster", None
+    if hi < 1:
+        return "slower", None
+    if lo >= 1 - EQUIVALENCE and hi <= 1 + EQUIVALENCE:
+        return "no difference", None
+    # the interval must shrink into the band: its half-width to EQUIVALENCE
+    half = max(hi - 1, 1 - lo)
+    return "undecided", math.ceil(n * (half / EQUIVALENCE) ** 2)
+
+
+def classify(speed: str, capacity: float | None) -> str:
+    """speed gain | capacity gain | capacity gain, slower | slower | no difference |
+    undecided (module docstring)."""
     more = capacity is not None and capacity > 1 + CAPACITY_MARGIN
-    if faster:
+    if speed == "faster":
         return "speed gain"
     if more:
-        return "capacity gain, slower" if slower else "capacity gain"
-    return "slower" if slower else "no change"
+        return "capacity gain, slower" if speed == "slower" else "capacity gain"
+    if speed == "slower":
+        return "slower"
+    return "no difference" if speed == "no difference" else "undecided"
 
 
-def reasons(record: dict, base: dict, machine: str) -> list[str]:
+def reasons(record: dict, base: dict, machine: str, kind: str,
+            capacity: float | None) -> list[str]:
     """Why, in clauses, from the stored predictions (empty without them)."""
     roof = (base.get("prediction") or {}).get("roofline") or {}
     out = []
+    share = (record.get("prediction") or {}).get("bound_share") or {}
+    bound = max(share, key=share.get) if share else None
+    if bound:
+        out.append(f"its predicted step time is mostly {BOUND_WORDS.get(bound, bound)} "
+                   f"({share[bound]:.0%}) on {machine}")
     if roof.get("weight_bytes") and roof.get("kv_capacity_bytes"):
-        out.append(f"at this workload a decode step reads {_mb(roof['weight_bytes'])} of "
-                   f"weights and at most {_mb(roof['kv_capacity_bytes'])} of KV")
+        out.append(f"a decode step reads {_mb(roof['weight_bytes'])} of weights and at most "
+                   f"{_mb(roof['kv_capacity_bytes'])} of KV")
     ridge = roof.get("ridge_num_seqs")
     running = (record.get("metrics") or {}).get("concurrency_max")
-    if ridge and running:
-        if running >= ridge:
-            out.append(f"past {ridge} sequences a step is compute-bound on {machine}")
-        else:
-            out.append(f"a step stays weight-bound up to {ridge} sequences on {machine}, so "
-                       f"each more sequence shares the read of the weights")
-    share, base_share = _codec_share(record), _codec_share(base)
-    if share is not None and base_share is not None and share - base_share > CODEC_SHARE_NOTED:
-        out.append(f"its codec's own operators take {share:.0%} of the predicted time "
-                   f"({base_share:.0%} with {base['kv']})")
+    if kind == "speed gain" and capacity and capacity > 1 + CAPACITY_MARGIN and ridge \
+            and running and running < ridge and bound in (None, "hbm"):
+        out.append(f"below {ridge} sequences each more sequence shares the read of the "
+                   "weights")
+    codec, base_codec = _codec_share(record), _codec_share(base)
+    if codec is not None and base_codec is not None and codec - base_codec > CODEC_SHARE_NOTED:
+        out.append(f"its codec's own operators take {codec:.0%} of the predicted time "
+                   f"({base_codec:.0%} with {base['kv']})")
     return out
 
 
-def _headline(kind: str, kv: str, capacity: float | None, how: str = "at once") -> str:
+def _headline(kind: str, kv: str, capacity: float | None, how: str, speed: str,
+              would_need: int | None) -> str:
     more = f"{capacity:.1f}x the sequences running {how}" if capacity else ""
+    undecided = "its speed is undecided at this power" + (
+        f" (about {would_need} requests a cell would decide it)" if would_need else
+        " (too few requests, or no interval)")
     return {
         "speed gain": f"{kv} is a speed gain here" + (f" ({more})" if more else ""),
-        "capacity gain": f"{kv} is a capacity gain here, not a speed gain ({more})",
+        "capacity gain": f"{kv} is a capacity gain here ({more}); " + (
+            f"its speed is no different within +-{EQUIVALENCE:.0%}"
+            if speed == "no difference" else undecided),
         "capacity gain, slower": f"{kv} is a capacity gain here at a speed cost ({more})",
         "slower": f"{kv} is slower here and holds no more sequences",
-        "no change": f"{kv} changes neither speed nor capacity here",
+        "no difference": f"{kv} makes no difference here within +-{EQUIVALENCE:.0%} in speed "
+                         "and holds no more sequences",
+        "undecided": f"{kv} is undecided here: {undecided}",
     }[kind]
 
 
@@ -137,20 +174,23 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
     # admits many at first and keeps few), else at most
     key = "concurrency_mean" if m.get("concurrency_mean") and mb.get("concurrency_mean") \
         else "concurrency_max"
-    capacity = _ratio(m.get(key), mb.get(key))
+    n = min(m.get("num_requests") or 0, mb.get("num_requests") or 0)
+    capacity = _ratio(m.get(key), mb.get(key)) if n >= MIN_REQUESTS else None
     predicted = _ratio(_predicted(record, "output_tokens_per_s"),
                        _predicted(base, "output_tokens_per_s"))
-    kind = classify(ratio, ci, capacity)
+    speed, would_need = speed_of(ci, n)
+    kind = classify(speed, capacity)
     machine_class = ((record.get("env") or {}).get("hardware") or {}).get("machine_class")
     machine = f"this machine ({machine_class})" if machine_class else "this machine"
-    why = reasons(record, base, machine)
+    why = reasons(record, base, machine, kind, capacity)
     figures = []
     if predicted is not None:
         figures.append(f"predicted {predicted:.2f}x")
     if ratio is not None:
         figures.append(f"measured {ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
     sentence = _headline(kind, _name(record), capacity,
-                         "on average" if key == "concurrency_mean" else "at once")
+                         "on average" if key == "concurrency_mean" else "at once", speed,
+                         would_need)
     sentence += (": " + ", and ".join(why) if why else "") + \
         ("; " + ", ".join(figures) if figures else "") + "."
     gpu = (record.get("prediction") or {}).get("gpu") or {}
@@ -159,7 +199,8 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
     return Verdict(workload=record.get("workload") or "", kv=record["kv"], baseline=base["kv"],
                    kind=kind, sentence=sentence, measured_ratio=ratio, measured_ci=ci,
                    predicted_ratio=predicted, concurrency_ratio=capacity,
-                   gpu=gpu.get("name"), gpu_ratio=gpu_ratio, gpu_label=gpu.get("hardware"))
+                   gpu=gpu.get("name"), gpu_ratio=gpu_ratio, gpu_label=gpu.get("hardware"),
+                   speed=speed, would_need=would_need)
 
 
 def verdicts(cells: list, rows_by_cell: dict[str, list[dict]] | None = None
