@@ -99,6 +99,19 @@ def pool_tokens(config: ModelConfig, spec: str, kv_memory, block_size: int,
     return (num_bytes // per_block) * block_size
 
 
+def sequences_at_once(config: ModelConfig, spec: str, kv_memory, block_size: int,
+                      dtype: str, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
+    """``(prompts, requests)`` the pool of ``kv_memory`` holds at once with KV spec
+    ``spec`` at compute dtype ``dtype``: distinct prompts admitted side by side (their
+    blocks), and whole requests (prompt + output) kept side by side. What a built-in
+    scenario's binding properties are computed from, per baseline dtype, without the
+    engine (``tests/bench/test_scenario_properties.py``)."""
+    blocks = pool_tokens(config, spec, kv_memory, block_size, dtype) // block_size
+    prompt_blocks = -(-prompt_tokens // block_size)
+    request_blocks = -(-(prompt_tokens + output_tokens) // block_size)
+    return blocks // prompt_blocks, blocks // request_blocks
+
+
 def _check_budget(model: ModelEntry, config: ModelConfig, w: WorkloadEntry,
                   kv: list[str] | tuple[str, ...], engine: EngineArgs, problems,
                   seed: int) -> None:
