@@ -9,7 +9,7 @@ command, ...). Then each figure is one of:
   the record and the key of the value it quotes (``*100`` after the key scales it; a
   range ``1.62-1.67x`` names several keys and spans their least and greatest values).
   Checked exactly: the value, rounded to the figure's decimals, must be the figure.
-- **matched**: the section cites records and some value of theirs gives the figure at its
+- **matched**: the paragraph (or the lead-in of its list, or else its section) cites records and some value of theirs gives the figure at its
   printed precision: a value itself, a ratio of two values under the same key, either
   as a percentage or a percentage change, or a value in other units (s -> ms, bytes ->
   MB/MiB/GB).
@@ -18,9 +18,13 @@ command, ...). Then each figure is one of:
   and a human reads the list (``--list``).
 - **unsourced**: the section is measured and cites no record.
 
-A section of figures that are not measurements -- a design constant, a default, a model's
-arithmetic -- says so with ``<!-- audit: not measured -->`` under its heading; a figure
-quoted from a peer's paper the same way. ``python benchmarks/audit_figures.py [--list]
+A paragraph of figures that are not measurements -- a design constant, a default, a
+model's arithmetic, a paper's figure -- says so with ``<!-- audit: not measured -->`` in
+it (a paragraph of only that line under a heading says it for the whole section); its
+figures are then not counted as unsourced (a figure beside a cited record still is
+compared with it). A measured figure no record backs, kept visibly as history under a
+sentence that says it is withdrawn, carries ``<!-- audit: withdrawn -->`` the same way
+and counts as **withdrawn**, not unsourced. ``python benchmarks/audit_figures.py [--list]
 [FILES...]`` prints the counts (and each mismatched or unsourced figure with ``--list``);
 tests/test_docs_records.py holds the keyed figures and the counts.
 """
@@ -49,6 +53,7 @@ CITE = re.compile(r"\b([A-Za-z0-9_.-]*?[A-Za-z0-9_]-20\d{6}(?:-\d{6})?)(?:\.json
 MEASURED_WORDS = re.compile(r"measured|record|load average|\bload \d|median|benchmarks/|"
                             r"kvmap bench|ran in|took", re.I)
 NOT_MEASURED = "<!-- audit: not measured -->"
+WITHDRAWN = "<!-- audit: withdrawn -->"
 SCALES = {"ms": (1e3, 1.0), "µs": (1e6, 1.0), "us": (1e6, 1.0), "MB": (1e-6, 1.0),
           "GB": (1e-9, 1.0), "GB/s": (1e-9, 1.0), "MiB": (2 ** -20, 1.0),
           "GiB": (2 ** -30, 1.0), "KiB": (2 ** -10, 1.0), "kB": (1e-3, 1.0),
@@ -210,19 +215,31 @@ def _verdict(m: tuple, key: re.Match | None, records: tuple[str, ...],
 
 def audit_file(path: Path) -> list[Figure]:
     """Each figure of ``path`` with its verdict: a paragraph's figures are compared with
-    the records the paragraph cites, or, when it cites none, those its section cites."""
+    the records the paragraph cites; when it cites none, a list item's with those of the
+    paragraph that leads into the list, another paragraph's with those of its section."""
     figures: list[Figure] = []
     for heading, start, lines in sections(path):
         body = "\n".join(lines)
         in_section = _cited(body)
-        measured = NOT_MEASURED not in body and bool(MEASURED_WORDS.search(body))
-        for first, block in paragraphs(lines):
-            records = _cited("\n".join(block)) or in_section
+        blocks = paragraphs(lines)
+        text = [b for _, b in blocks if not re.match(r"#{1,6} ", b[0])]
+        marker = "\n".join(text[0]).strip() if text else ""
+        measured = marker != NOT_MEASURED and bool(MEASURED_WORDS.search(body))
+        lead: tuple[str, ...] = in_section
+        for first, block in blocks:
+            own = _cited("\n".join(block))
+            is_item = bool(re.match(r"\s*([-*]|\d+\.) ", block[0]))
+            records = own or (lead if is_item else in_section)
+            if not is_item:
+                lead = own
             for index, line in enumerate(block):
                 keys = list(KEY.finditer(line))
                 for m in _figures(line):
                     key = next((k for k in keys if 0 <= k.start() - m[4] <= 1), None)
-                    verdict = _verdict(m, key, records, measured)
+                    here = "\n".join(block)
+                    verdict = _verdict(m, key, records, measured and NOT_MEASURED not in here)
+                    if verdict == "unsourced" and (WITHDRAWN in here or marker == WITHDRAWN):
+                        verdict = "withdrawn"
                     if verdict:
                         figures.append(Figure(path.name, start + first + index, heading,
                                               line[m[3]:m[4]], verdict, records))
