@@ -22,9 +22,9 @@ A paragraph of figures that are not measurements -- a design constant, a default
 model's arithmetic, a paper's figure -- says so with ``<!-- audit: not measured -->`` in
 it (a paragraph of only that line under a heading says it for the whole section); its
 figures are then not counted as unsourced (a figure beside a cited record still is
-compared with it). A measured figure no record backs, kept visibly as history under a
+compared with it). A measured figure no record holds, kept visibly as history under a
 sentence that says it is withdrawn, carries ``<!-- audit: withdrawn -->`` the same way
-and counts as **withdrawn**, not unsourced. ``python benchmarks/audit_figures.py [--list]
+and counts as **withdrawn**, not unsourced or mismatched (a keyed figure is still checked). ``python benchmarks/audit_figures.py [--list]
 [FILES...]`` prints the counts (and each mismatched or unsourced figure with ``--list``);
 tests/test_docs_records.py holds the keyed figures and the counts.
 """
@@ -79,7 +79,8 @@ def _decimals(text: str) -> int:
 
 
 def leaves(obj, key: str = "") -> list[tuple[str, float]]:
-    """Every number in a record with the name of the key that holds it."""
+    """Every number in a record with the name of the key that holds it (a number written
+    in one of its strings too)."""
     if isinstance(obj, bool):
         return []
     if isinstance(obj, (int, float)):
@@ -88,6 +89,8 @@ def leaves(obj, key: str = "") -> list[tuple[str, float]]:
         return [leaf for k, v in obj.items() for leaf in leaves(v, str(k))]
     if isinstance(obj, list):
         return [leaf for v in obj for leaf in leaves(v, key)]
+    if isinstance(obj, str):          # a record's sentences carry figures too
+        return [(key + "#text", _number(n)) for n in re.findall(NUMBER, obj)[:200]]
     return []
 
 
@@ -238,7 +241,8 @@ def audit_file(path: Path) -> list[Figure]:
                     key = next((k for k in keys if 0 <= k.start() - m[4] <= 1), None)
                     here = "\n".join(block)
                     verdict = _verdict(m, key, records, measured and NOT_MEASURED not in here)
-                    if verdict == "unsourced" and (WITHDRAWN in here or marker == WITHDRAWN):
+                    if verdict in ("unsourced", "mismatched") and (
+                            WITHDRAWN in here or marker == WITHDRAWN):
                         verdict = "withdrawn"
                     if verdict:
                         figures.append(Figure(path.name, start + first + index, heading,
