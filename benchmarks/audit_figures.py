@@ -196,7 +196,8 @@ def paragraphs(lines: list[str]) -> list[tuple[int, list[str]]]:
 
 def _figures(line: str) -> list[tuple[str, str | None, str, int, int]]:
     """(number, range end, unit, start, end) of each figure on ``line``."""
-    out = [(m.group(1), m.group(2), m.group(3), m.start(), m.end()) for m in FIGURE.finditer(line)]
+    out = [(m.group(1), m.group(2), m.group(3), m.start(), m.end()) for m in FIGURE.finditer(line)
+           if not (m.group(3) == "x" and m.group(0)[-2].isspace())]      # 2 x 30: a product
     out += [(str(int(m.group(1)) * 60 + int(m.group(2))), None, "s", m.start(), m.end())
             for m in COMPOUND.finditer(line)]
     return sorted(out, key=lambda f: f[3])
