@@ -21,8 +21,7 @@ command, ...). Then each figure is one of:
 A paragraph of figures that are not measurements -- a design constant, a default, a
 model's arithmetic, a paper's figure -- says so with ``<!-- audit: not measured -->`` in
 it (a paragraph of only that line under a heading says it for the whole section); its
-figures are then not counted as unsourced (a figure beside a cited record still is
-compared with it). A measured figure no record holds, kept visibly as history under a
+figures are then not audited, but for keyed ones. A measured figure no record holds, kept visibly as history under a
 sentence that says it is withdrawn, carries ``<!-- audit: withdrawn -->`` the same way
 and counts as **withdrawn**, not unsourced or mismatched (a keyed figure is still checked). ``python benchmarks/audit_figures.py [--list]
 [FILES...]`` prints the counts (and each mismatched or unsourced figure with ``--list``);
@@ -241,7 +240,9 @@ def audit_file(path: Path) -> list[Figure]:
                 for m in _figures(line):
                     key = next((k for k in keys if 0 <= k.start() - m[4] <= 1), None)
                     here = "\n".join(block)
-                    verdict = _verdict(m, key, records, measured and NOT_MEASURED not in here)
+                    if NOT_MEASURED in here and not key:
+                        continue
+                    verdict = _verdict(m, key, records, measured)
                     if verdict in ("unsourced", "mismatched") and (
                             WITHDRAWN in here or marker == WITHDRAWN):
                         verdict = "withdrawn"
