@@ -9,7 +9,8 @@ command, ...). Then each figure is one of:
   the record and the key of the value it quotes (``*100`` after the key scales it; a
   range ``1.62-1.67x`` names several keys and spans their least and greatest values).
   Checked exactly: the value, rounded to the figure's decimals, must be the figure.
-- **matched**: the paragraph (or the lead-in of its list, or else its section) cites records and some value of theirs gives the figure at its
+- **matched**: the paragraph (a list item: the last paragraph before it that cites any; a
+  paragraph citing none: its section) cites records and some value of theirs gives the figure at its
   printed precision: a value itself, a ratio of two values under the same key, either
   as a percentage or a percentage change, or a value in other units (s -> ms, bytes ->
   MB/MiB/GB).
@@ -219,7 +220,8 @@ def _verdict(m: tuple, key: re.Match | None, records: tuple[str, ...],
 def audit_file(path: Path) -> list[Figure]:
     """Each figure of ``path`` with its verdict: a paragraph's figures are compared with
     the records the paragraph cites; when it cites none, a list item's with those of the
-    paragraph that leads into the list, another paragraph's with those of its section."""
+    last paragraph before it (not a list item) that cites some, another paragraph's with
+    those of its section."""
     figures: list[Figure] = []
     for heading, start, lines in sections(path):
         body = "\n".join(lines)
@@ -228,12 +230,12 @@ def audit_file(path: Path) -> list[Figure]:
         text = [b for _, b in blocks if not re.match(r"#{1,6} ", b[0])]
         marker = "\n".join(text[0]).strip() if text else ""
         measured = marker != NOT_MEASURED and bool(MEASURED_WORDS.search(body))
-        lead: tuple[str, ...] = in_section
+        lead: tuple[str, ...] = ()
         for first, block in blocks:
             own = _cited("\n".join(block))
             is_item = bool(re.match(r"\s*([-*]|\d+\.) ", block[0]))
             records = own or (lead if is_item else in_section)
-            if not is_item:
+            if not is_item and own:
                 lead = own
             for index, line in enumerate(block):
                 keys = list(KEY.finditer(line))
