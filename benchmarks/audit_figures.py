@@ -7,7 +7,8 @@ command, ...). Then each figure is one of:
 
 - **keyed**: written ``49.1 tokens/s<!-- fig odcc_table-20261204-034345 metrics/a/b -->``,
   the record and the key of the value it quotes (``*100`` after the key scales it; a
-  range ``1.62-1.67x`` names several keys and spans their least and greatest values).
+  range ``1.62-1.67x`` names several keys and spans their least and greatest values;
+  ``A:B`` quotes the ratio of two values).
   Checked exactly: the value, rounded to the figure's decimals, must be the figure.
 - **matched**: the paragraph (a list item: the last paragraph before it that cites any; a
   paragraph citing none: its section) cites records and some value of theirs gives the figure at its
@@ -160,7 +161,11 @@ def sections(path: Path) -> list[tuple[str, int, list[str]]]:
 
 def keyed_value(record: str, key: str, scale: str | None) -> float:
     """The value at ``key`` of ``record``: keys and list indexes joined by ``/``
-    (``metrics/s1_int8/output_tok_s/0``); KeyError names the record and the key."""
+    (``metrics/s1_int8/output_tok_s/0``), or ``A:B``, the value at A over the value at B;
+    KeyError names the record and the key."""
+    if ":" in key:
+        over, under = key.split(":", 1)
+        return keyed_value(record, over, scale) / keyed_value(record, under, None)
     obj = json.loads((RESULTS / f"{record}.json").read_text())
     for part in key.split("/"):
         try:

@@ -44,15 +44,11 @@ sys.path.remove(str(ROOT / "benchmarks"))
 
 GENERATED = "<!-- audit: generated -->"
 # (mismatched, unsourced) per page at the audit of 2026-12-04: a ceiling, never a goal --
-# a page may only go down. README.md and a generated docs/results.md must be 0, 0.
+# a page may only go down; a page not named here must be 0, 0. models.md and
+# reliability.md are being rewritten elsewhere, results.md is regenerated: README.md and a
+# docs/results.md marked generated must be 0, 0.
 CEILINGS = {
-    "architecture.md": (34, 0), "bench.md": (24, 13), "combinations.md": (2, 54),
-    "engines.md": (3, 3), "evals.md": (0, 2), "fragmentation.md": (6, 3),
-    "hardware.md": (2, 7), "loadgen.md": (0, 43), "models.md": (0, 10),
-    "planning.md": (2, 5), "policies.md": (0, 5), "qa.md": (0, 2),
-    "reliability.md": (18, 6), "report.md": (0, 2), "results.md": (117, 217),
-    "roofline.md": (0, 6), "serving.md": (6, 2), "tiers.md": (1, 10), "tune.md": (24, 3),
-    "weights.md": (2, 0),
+    "models.md": (0, 9), "reliability.md": (17, 6), "results.md": (107, 208),
 }
 # README's headline figures, each quoted with its record's key (``<!-- fig RECORD KEY -->``)
 HEADLINE_KEYS = {
