@@ -27,11 +27,23 @@ def fields_from_profile(hardware: dict, config: dict) -> dict:
         raise ValueError(f"hardware profile without machine_class: {sorted(hardware)}")
     dtype = config.get("dtype") if isinstance(config.get("dtype"), str) else None
     if dtype in (None, "auto"):
-        dtype = hardware.get("auto_dtype_cpu")
+        dtype = _auto_dtype(hardware, str(config.get("device") or "cpu"))
     if not dtype:
         raise ValueError(f"no dtype in config {sorted(config)} nor in the profile")
     return {"machine_class": hardware["machine_class"], "dtype": dtype,
             "machine_class_source": MEASURED}
+
+
+def _auto_dtype(hardware: dict, device: str) -> str | None:
+    """What ``dtype: auto`` picks on ``device`` by the profile (``HardwareProfile
+    .auto_dtype``): on a CUDA device bf16 from compute capability 8.0, else fp16."""
+    if not device.startswith("cuda"):
+        return hardware.get("auto_dtype_cpu")
+    index = int(device.partition(":")[2] or 0)
+    devices = hardware.get("cuda") or []
+    if index >= len(devices):
+        raise ValueError(f"device={device!r} is not in the profile's {len(devices)} CUDA devices")
+    return "bf16" if tuple(devices[index]["capability"]) >= (8, 0) else "fp16"
 
 
 def class_on_date(day: str) -> tuple[str, str]:

@@ -107,6 +107,11 @@ def test_back_fill_takes_the_profile_else_the_date_rule():
     assert (measured["machine_class"], measured["dtype"], measured.get("inferred")) == \
         ("x86-amx", "fp32", None)
     assert rc.back_fill("x", {"environment": {"hardware": hw}, "config": {}})["dtype"] == "bf16"
+    gpu = {**hw, "auto_dtype_cpu": "fp32", "cuda": [{"capability": [7, 5]}, {"capability": [9, 0]}]}
+    assert rc.fields_from_profile(gpu, {"device": "cuda"})["dtype"] == "fp16"
+    assert rc.fields_from_profile(gpu, {"device": "cuda:1"})["dtype"] == "bf16"
+    with pytest.raises(ValueError, match="cuda:2"):
+        rc.fields_from_profile(gpu, {"device": "cuda:2"})
     old = rc.back_fill("x-20261201-120000", {"time": "2026-12-01T12:00:00Z", "config": {}})
     assert (old["machine_class"], old["dtype"], old["inferred"]) == ("x86-avx512-bf16", "bf16", True)
     later = rc.back_fill("x-20261203-232436", {"config": {}})
