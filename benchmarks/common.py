@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import torch
+from record_class import fields_from_profile
 
 SCHEMA_VERSION = 1
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -86,13 +87,16 @@ _AT_IMPORT: dict = {}     # the code when the script started (it imports this mo
 
 
 def write_record(name: str, config: dict, metrics: dict) -> Path:
-    """The record of a run: ``git_sha`` and ``code`` as they were when the script
-    started; ``code_at_write`` too when a commit or an edit landed while it ran."""
+    """The record of a run: its ``machine_class`` and ``dtype`` (the profile's class; the
+    config's dtype, else ``auto``'s there); ``git_sha`` and ``code`` as they were when the
+    script started; ``code_at_write`` too when a commit or an edit landed while it ran."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     start = _AT_IMPORT or {"git_sha": git_sha(), "code": code_state()}
-    record = {"schema_version": SCHEMA_VERSION, "benchmark": name, **start,
+    env = environment()
+    record = {"schema_version": SCHEMA_VERSION, "benchmark": name,
+              **fields_from_profile(env["hardware"], config), **start,
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "environment": environment(), "config": config, "metrics": metrics}
+              "environment": env, "config": config, "metrics": metrics}
     now = code_state()
     if now != start["code"]:
         record["code_at_write"] = now

@@ -69,7 +69,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args()
-    record = {"load_avg_1m": os.getloadavg()[0], "model": args.model,
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kvmap.hardware import record_summary
+    from record_class import fields_from_profile
+    record = {**fields_from_profile(record_summary(measure_if_missing=True), {"dtype": "fp32"}),
+              "load_avg_1m": os.getloadavg()[0], "model": args.model,
               "simulator": sim_sweep()}
     for r in record["simulator"]:
         print(f"sessions {r['sessions']:4d}  paged {r['paged_tok_s']:9.0f} tok/s "

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -64,3 +66,71 @@ def test_record_keeps_the_code_of_the_start(tmp_path, monkeypatch):
     assert record["code_at_write"] == later
     monkeypatch.setattr(common, "code_state", lambda: start["code"])
     assert "code_at_write" not in json.loads(common.write_record("p2", {}, {}).read_text())
+
+
+def _record_class():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import record_class
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return record_class
+
+
+def test_every_record_names_its_machine_class_and_dtype():
+    """A figure is true on the class it was measured on: each record says which, and
+    how it knows (its own profile, the date rule, or a simulator's modelled hardware)."""
+    rc = _record_class()
+    records = sorted((BENCHMARKS / "results").glob("*.json"))
+    assert records, "no records under benchmarks/results/"
+    sources = {rc.MEASURED, rc.INFERRED, rc.SIMULATED}
+    bad = {}
+    for path in records:
+        record = json.loads(path.read_text())
+        if not (isinstance(record.get("machine_class"), str) and isinstance(record.get("dtype"), str)):
+            bad[path.name] = "no machine_class/dtype"
+        elif record.get("machine_class_source") not in sources:
+            bad[path.name] = f"machine_class_source={record.get('machine_class_source')!r}"
+        elif (record["machine_class_source"] == rc.INFERRED) != (record.get("inferred") is True):
+            bad[path.name] = "an inferred class must say inferred: true, a measured one not"
+        hardware = (record.get("environment") or {}).get("hardware") or {}
+        if hardware.get("machine_class") not in (None, record.get("machine_class")):
+            bad[path.name] = f"class {record.get('machine_class')!r} != profile's"
+    assert not bad, bad
+
+
+def test_back_fill_takes_the_profile_else_the_date_rule():
+    rc = _record_class()
+    hw = {"machine_class": "x86-amx", "auto_dtype_cpu": "bf16"}
+    measured = rc.back_fill("x-20261204-000000", {"environment": {"hardware": hw},
+                                                  "config": {"dtype": "fp32"}})
+    assert (measured["machine_class"], measured["dtype"], measured.get("inferred")) == \
+        ("x86-amx", "fp32", None)
+    assert rc.back_fill("x", {"environment": {"hardware": hw}, "config": {}})["dtype"] == "bf16"
+    gpu = {**hw, "auto_dtype_cpu": "fp32", "cuda": [{"capability": [7, 5]}, {"capability": [9, 0]}]}
+    assert rc.fields_from_profile(gpu, {"device": "cuda"})["dtype"] == "fp16"
+    assert rc.fields_from_profile(gpu, {"device": "cuda:1"})["dtype"] == "bf16"
+    with pytest.raises(ValueError, match="cuda:2"):
+        rc.fields_from_profile(gpu, {"device": "cuda:2"})
+    old = rc.back_fill("x-20261201-120000", {"time": "2026-12-01T12:00:00Z", "config": {}})
+    assert (old["machine_class"], old["dtype"], old["inferred"]) == ("x86-avx512-bf16", "bf16", True)
+    later = rc.back_fill("x-20261203-232436", {"config": {}})
+    assert (later["machine_class"], later["dtype"]) == ("x86-avx512", "fp32")
+    done = {"machine_class": "a", "dtype": "b"}
+    assert rc.back_fill("x", done) is done
+    with pytest.raises(ValueError, match="nodate"):
+        rc.back_fill("nodate", {})
+
+
+def test_write_record_names_the_class_and_dtype(tmp_path, monkeypatch):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    hw = {"machine_class": "x86-avx2", "auto_dtype_cpu": "fp32"}
+    monkeypatch.setattr(common, "environment", lambda: {"hardware": hw})
+    record = json.loads(common.write_record("p", {"dtype": "bf16"}, {}).read_text())
+    assert (record["machine_class"], record["dtype"]) == ("x86-avx2", "bf16")
+    assert json.loads(common.write_record("q", {}, {}).read_text())["dtype"] == "fp32"
