@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmap.config import ModelConfig
+from kvmap.kv.layer_kinds import KVLayout
 from kvmap.model.shapes import get_shape, shape_names
 
 _MiB = 2**20
@@ -92,6 +93,12 @@ class PlanModel:
     config: ModelConfig
     num_experts: int = 1
     num_experts_per_tok: int = 1
+    # a family whose KV is not Llama-shaped (kvmap.plan.hf_families): its layer kinds,
+    # and its parameters counted from its own config (``config`` is then the KV pool's
+    # equivalent shape: the paged layers as K+V heads), linear layers apart
+    layout: KVLayout | None = None
+    linear_params: int | None = None           # quantizable matrices, all experts
+    other_params: int | None = None            # embeddings, head, norms, routers (bf16)
 
     @property
     def name(self) -> str:
@@ -131,19 +138,25 @@ def get_model(name_or_path: str) -> PlanModel:
 
 
 def model_from_config_json(path: str | Path) -> PlanModel:
-    """Read a Hugging Face ``config.json`` (Llama, Mistral, Qwen2 or Mixtral)."""
+    """Read a Hugging Face ``config.json``: Llama, Mistral, Qwen2, Mixtral, or a family of
+    :mod:`kvmap.plan.hf_families` (Gemma 3, GPT-OSS, Qwen3, Qwen3-Next, DeepSeek V3,
+    Llama 4)."""
     from kvmap.model.hf_loader import config_from_hf   # safetensors etc. only when used
+    from kvmap.plan.hf_families import read_family
     path = Path(path)
     try:
         hf = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read model config {str(path)!r}: {e}") from None
+    name = path.parent.name or path.stem
+    family = read_family(hf, name)
+    if family is not None:
+        return family
     num_experts, per_tok = 1, 1
     if "MixtralForCausalLM" in (hf.get("architectures") or []):
         # Mixtral's attention and config keys are Mistral's; the experts are extra keys.
         num_experts, per_tok = hf["num_local_experts"], hf["num_experts_per_tok"]
         hf = {**hf, "architectures": ["MistralForCausalLM"]}
-    name = path.parent.name or path.stem
     try:
         config = config_from_hf(hf, name)
     except KeyError as e:
