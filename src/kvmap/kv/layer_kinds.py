@@ -139,8 +139,11 @@ class SlidingWindow(LayerKind):
     """Attention over the last ``window`` tokens (Gemma 2/3, GPT-OSS, Mistral v0.1)."""
 
     name = "sliding"
+    codec = ("quantizes K and V as on a global layer; a codec with per-layer state (KIVI, "
+             "static scales) keeps the layer's whole context, masked to the window")
     policy = "moot inside the window (the window is kept whatever the policy scores)"
-    tiers = "only its window's blocks are live; what slid out is freed, not offloaded"
+    tiers = ("with tiers the layer keeps its whole context (one shared block table, masked "
+             "to the window); without, only the window's blocks are live")
 
     def __init__(self, layers, num_kv_heads: int, head_dim: int, window: int):
         super().__init__(layers, num_kv_heads, head_dim)
@@ -161,7 +164,7 @@ class ChunkedLocal(SlidingWindow):
 
     name = "chunked"
     policy = "moot inside the chunk (the chunk is kept whatever the policy scores)"
-    tiers = "only the current chunk's blocks are live; past chunks are freed"
+    tiers = "only the current chunk's blocks are live (planned; kvmap's engine runs no chunked model)"
 
     def resident_tokens(self, context_tokens: int) -> int:
         return min(context_tokens, self.window)          # its peak, at a chunk's end

@@ -21,11 +21,11 @@ at a time, with the clock advanced by the cost model instead of a real forward p
    (its token time is the step's end); finished requests free or cache their blocks.
 
 Blocks are keyed (prefix caching) unless a sliding window, an offload window or
-per-layer block tables (``layer_budgets``, a hybrid model's sliding layers: counted per
-layer, ``capacity.hybrid_layer_blocks``) make a request's blocks its own. Keys are ``(owner, block index)`` where the owner is the conversation (turns
-share their history) or the request. A selection policy keeps prefix caching, as in the
-engine: compaction is copy on write, and a finished compacted sequence is filed for the
-next turn (:mod:`kvmap.plan.sim.compaction`).
+per-layer tables (``layer_budgets``, a hybrid model's sliding layers, counted per layer:
+``capacity.hybrid_layer_blocks``) make a request's blocks its own; keys are ``(owner,
+block index)``, the owner the conversation (turns share their history) or the request.
+A policy keeps prefix caching, as in the engine: compaction is copy on write, and a
+finished compacted sequence is filed for the next turn (:mod:`kvmap.plan.sim.compaction`).
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class Simulator:
         if e.kv_memory_bytes is not None:
             return e.kv_memory_bytes // self.mc.kv_block_bytes_per_device
         usable = capacity.usable_kv_bytes_per_gpu(hw.memory_bytes, self.mc.weight_bytes_per_device,
-                                                  hw.gpu_memory_utilization, hw.reserve_bytes)
+            hw.gpu_memory_utilization, hw.reserve_bytes + self.mc.state_reserve_bytes(e.max_num_seqs))
         return capacity.num_blocks_in(usable, self.mc.kv_block_bytes_per_device)
 
     # ---- blocks a request needs ------------------------------------------------------
