@@ -280,3 +280,41 @@ class KVLayout:
 
     def __repr__(self) -> str:
         return f"KVLayout({', '.join(map(repr, self.kinds))})"
+
+
+class LayerKindPeak:
+    """Resident bytes per layer kind of a hybrid model's cache at its peak: sampled
+    whenever a block becomes used (``pool.on_used``) and the pool's layer blocks reach a
+    new high, so the split is the one of the moment the pool peaked (before the sliding
+    layers release what slid out, as ``peak_num_used_layer_blocks`` counts). ``by_kind``
+    stays {} for a model whose layers are all global.
+
+        with LayerKindPeak(llm.engine.kv) as peak:
+            ...
+        peak.by_kind      # {"global": bytes, "sliding": bytes}
+    """
+
+    def __init__(self, kv_cache):
+        self.kv, self.by_kind, self._high = kv_cache, {}, -1
+
+    def _used(self) -> int:
+        pool = self.kv.pool
+        return pool.num_used_layer_blocks if getattr(self.kv, "per_layer_tables", False) \
+            else pool.num_used
+
+    def sample(self) -> None:
+        used = self._used()
+        if used >= self._high:
+            self._high = used
+            self.by_kind = {kind: info["resident_bytes"]
+                            for kind, info in self.kv.layer_kinds_usage().items()}
+
+    def __enter__(self) -> "LayerKindPeak":
+        if self.kv.geom.sliding_layers:
+            self.sample()
+            self.kv.pool.on_used.append(self.sample)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.kv.geom.sliding_layers:
+            self.kv.pool.on_used.remove(self.sample)

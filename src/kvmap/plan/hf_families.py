@@ -23,7 +23,7 @@ from typing import Any, Callable
 from kvmap.config import ModelConfig
 from kvmap.kv.layer_kinds import (ChunkedLocal, GlobalAttention, KVLayout, LinearState,
                                   MLALatent, SlidingWindow)
-from kvmap.plan.catalogue import PlanModel
+from kvmap.plan.plan_model import PlanModel
 
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4,
                         "head_dim": 256, "max_position_embeddings": 131072,

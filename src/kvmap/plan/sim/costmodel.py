@@ -71,10 +71,6 @@ class ModelCost:
     # linear-attention layers' fixed state of one sequence on one device (not paged)
     state_bytes_per_seq_per_device: int = 0
 
-    def state_reserve_bytes(self, max_num_seqs: int) -> int:
-        """Bytes set aside on a device for linear-attention state, one per sequence slot."""
-        return self.state_bytes_per_seq_per_device * max_num_seqs
-
     @property
     def kv_bytes_per_token_per_device(self) -> float:
         return self.kv_block_bytes_per_device / self.block_size
