@@ -119,3 +119,33 @@ def test_a_config_missing_a_key_names_it(tmp_path):
                                           '"num_hidden_layers": 2, "hidden_size": 8}')
     with pytest.raises(ValueError, match="DeepseekV3ForCausalLM config .* lacks the key"):
         get_model(str(tmp_path))
+
+
+def test_all_global_is_the_layout_a_hybrid_saving_is_measured_against(tmp_path):
+    gemma = get_model(str(FIXTURES / "gemma-3-27b-it"))
+    hybrid = plan_capacity(gemma, get_gpu("h100-80gb"), "bf16", context_tokens=CTX)
+    flat = plan_capacity(gemma.all_global(), get_gpu("h100-80gb"), "bf16", context_tokens=CTX)
+    assert set(flat.layer_kinds) == {"global"}
+    assert flat.kv_bytes_per_seq == 62 * CTX * 2 * 16 * 128 * 2        # 15.5 GiB
+    assert (hybrid.max_concurrent_seqs, flat.max_concurrent_seqs) == (6, 1)
+    # Llama 4's chunked layers become global too; Qwen3-Next's linear ones stay linear
+    scout = get_model(str(FIXTURES / "llama-4-scout-17b-16e-instruct")).all_global()
+    assert scout.layout.names == ("global",) and scout.config.sliding_layers is None
+    nxt = get_model(str(FIXTURES / "qwen3-next-80b-a3b-instruct"))
+    assert nxt.all_global() is nxt
+
+
+def test_plan_command_prints_kinds_the_model_limit_and_all_global():
+    from typer.testing import CliRunner
+    import typer
+    from kvmap.plan.command import register
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    result = CliRunner().invoke(app, ["plan", "--model", str(FIXTURES / "gemma-3-1b-it"),
+                                      "--gpu", "h100-80gb", "--context", "32768",
+                                      "--kv", "bf16", "--all-global"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "32,768 (model)" in out and "max_position_embeddings=32,768" in out
+    assert "bf16 (all-global)" in out and "sliding" in out and "22,528" in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -43,6 +44,9 @@ def plan(
                                                  help="Share of GPU memory to use, as vLLM."),
     reserve: str = typer.Option("2GiB", help="Per-GPU reserve for activations, CUDA graphs, "
                                              "NCCL."),
+    all_global: bool = typer.Option(False, "--all-global", help="Add a row per spec with "
+                                    "every sliding / chunked layer counted as global (the "
+                                    "layout a hybrid model's saving is measured against)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Analytical KV capacity: bytes per token and sequence, sequences that fit, longest context."""
@@ -55,6 +59,13 @@ def plan(
                                gpu_memory_utilization=gpu_memory_utilization,
                                reserve_bytes_per_gpu=reserve_bytes)
                  for spec in (kv or DEFAULT_KV_SPECS)]
+        if all_global:
+            plans += [replace(plan_capacity(
+                plan_model.all_global(), plan_gpu, p.kv_spec, context_tokens=context,
+                concurrency=concurrency, num_gpus=num_gpus, weights=weights,
+                block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
+                reserve_bytes_per_gpu=reserve_bytes), kv_spec=f"{p.kv_spec} (all-global)")
+                for p in plans]
     except ValueError as e:
         fail(str(e))
     if as_json:

@@ -30,3 +30,25 @@ class PlanModel:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def all_global(self) -> "PlanModel":
+        """The same model with every windowed layer (sliding, chunked) counted as a global
+        one: what a calculator that ignores the windows says, and the layout the hybrid
+        saving is measured against. Linear-attention and MLA layers are kept as they are
+        (they have no window to drop)."""
+        from dataclasses import replace
+
+        from kvmap.kv.layer_kinds import GlobalAttention
+        config = replace(self.config, sliding_window=None, sliding_layers=None)
+        if self.layout is None:
+            return replace(self, config=config)
+        windowed = [k for k in self.layout.kinds if k.window_tokens() is not None]
+        if not windowed:
+            return self
+        layers = tuple(sorted(i for k in self.layout.kinds for i in k.layers
+                              if k.window_tokens() is not None or k.name == "global"))
+        head = windowed[0]
+        kinds = (GlobalAttention(layers, head.num_kv_heads, head.head_dim),) + tuple(
+            k for k in self.layout.kinds if k.name != "global" and k.window_tokens() is None)
+        return replace(self, config=config, layout=KVLayout(
+            kinds, self.layout.num_layers, self.layout.state_bytes_per_value))
