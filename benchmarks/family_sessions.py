@@ -26,7 +26,7 @@ CONTEXT = 32768
 # model, the weight format that fits one 80 GB GPU where one does
 ROWS = [("gemma-3-1b-it", "bf16"), ("gemma-3-4b-it", "bf16"), ("gemma-3-27b-it", "bf16"),
         ("gpt-oss-20b", "mxfp4"), ("gpt-oss-120b", "mxfp4"), ("qwen3-8b", "bf16"),
-        ("qwen3-32b", "fp8"), ("qwen3-next-80b-a3b-instruct", "int4"),
+        ("qwen3-32b", "fp8"), ("qwen3-30b-a3b", "bf16"), ("qwen3-next-80b-a3b-instruct", "int4"),
         ("deepseek-v3", "int4"), ("llama-4-scout-17b-16e-instruct", "int4")]
 SPECS = ["bf16", "int8", "snapkv(budget=0.25)", "int8+snapkv(budget=0.25)"]
 # what a calculator counting every layer as global attention says per token, where the

@@ -7,7 +7,7 @@ for the planner: each gives a :class:`PlanModel` with its layer kinds
 |---|---|---|
 | Gemma3ForCausalLM / ...ConditionalGeneration | sliding (``layer_types`` or every layer but each 6th) + global | as the model |
 | GptOssForCausalLM | sliding (128) / global alternating (``layer_types``) | as the model |
-| Qwen3ForCausalLM | global | as the model (qk-norm holds no KV) |
+| Qwen3ForCausalLM, Qwen3MoeForCausalLM | global | as the model (qk-norm holds no KV) |
 | Qwen3NextForCausalLM | linear (gated DeltaNet) + global each ``full_attention_interval``-th | the global layers only |
 | DeepseekV3ForCausalLM | mla | 1 "head" of (kv_lora_rank + qk_rope_head_dim) / 2 for K and for V |
 | Llama4ForConditionalGeneration / ...CausalLM | chunked (``attention_chunk_size``) + global (the NoPE layers) | chunked as a window of the chunk (its peak) |
@@ -117,6 +117,22 @@ def _qwen3(hf: dict, name: str) -> PlanModel:
     return PlanModel(config, layout=KVLayout.of_config(config))
 
 
+def _qwen3_moe(hf: dict, name: str) -> PlanModel:
+    """Qwen3's attention on every layer, each MLP ``num_experts`` experts of
+    ``moe_intermediate_size`` (Qwen3-30B-A3B, Qwen3-235B-A22B)."""
+    n, h = hf["num_hidden_layers"], hf["hidden_size"]
+    heads, kv, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+    num_experts, inter = hf["num_experts"], hf["moe_intermediate_size"]
+    config = _pool_config(name, hf, num_layers=n, num_heads=heads, num_kv_heads=kv,
+                          head_dim=d, intermediate=inter, max_pos=hf["max_position_embeddings"])
+    return PlanModel(config, num_experts, hf["num_experts_per_tok"],
+                     layout=KVLayout.of_config(config),
+                     linear_params=n * (_attention_params(h, heads, kv, d)
+                                        + num_experts * 3 * h * inter),
+                     other_params=_embedding_params(hf, h, hf.get("tie_word_embeddings", False))
+                     + n * h * num_experts)
+
+
 def _qwen3_next(hf: dict, name: str) -> PlanModel:
     """Gated DeltaNet layers, and full attention every ``full_attention_interval``-th.
     A linear layer's state per sequence: the recurrent matrix (v_heads x k_dim x v_dim)
@@ -197,7 +213,7 @@ def _llama4(hf: dict, name: str) -> PlanModel:
 
 FAMILIES: dict[str, Callable[[dict, str], PlanModel]] = {
     "Gemma3ForCausalLM": _gemma3, "Gemma3ForConditionalGeneration": _gemma3,
-    "GptOssForCausalLM": _gpt_oss, "Qwen3ForCausalLM": _qwen3,
+    "GptOssForCausalLM": _gpt_oss, "Qwen3ForCausalLM": _qwen3, "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen3NextForCausalLM": _qwen3_next, "DeepseekV3ForCausalLM": _deepseek_v3,
     "Llama4ForConditionalGeneration": _llama4, "Llama4ForCausalLM": _llama4}
 
