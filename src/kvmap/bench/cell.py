@@ -62,6 +62,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     from kvmap.bench.timeseries import TimeSeriesSampler
     from kvmap.model.byte_tokenizer import ByteTokenizer
     from kvmap.evals.kv_peak import track_peak_kv_bytes
+    from kvmap.kv.layer_kinds import LayerKindPeak
     from kvmap.metrics import aggregate
     from kvmap.workloads import build_requests
     t_load = time.perf_counter()
@@ -77,7 +78,8 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     if ((cell.workload.load or {}).get("search") or {}).get("role") in ("level", "bisect"):
         from kvmap.bench.saturation import SaturationWatch
         watch = SaturationWatch(total)       # a search's open-loop level may stop early
-    with track_peak_kv_bytes(llm.engine) as peak, TimeSeriesSampler(llm.engine) as ts:
+    with track_peak_kv_bytes(llm.engine) as peak, TimeSeriesSampler(llm.engine) as ts, \
+            LayerKindPeak(llm.engine.kv) as kinds:
         outputs, errors, loop = drive(llm.engine, requests, prompt_ids, spec.concurrency,
                                       lambda n: progress(n / total), watch=watch)
     stats = llm.stats()
@@ -87,6 +89,7 @@ def run_workload(cell: CellSpec, progress: Callable[[float], None]) -> tuple[dic
     metrics.update(
         peak_kv_resident_bytes=peak[0],
         peak_kv_resident_bytes_per_tier={"device": peak[0], **loop.peak_tier_bytes},
+        peak_kv_resident_bytes_by_kind=kinds.by_kind or None,
         **kv_info(llm, cell), **load_metrics(stats, loop.duration_s),
         output_throughput_windows_tok_s=throughput_windows(rows, loop.duration_s),
         **prefix_metrics(stats),

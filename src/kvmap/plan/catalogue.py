@@ -29,6 +29,7 @@ from pathlib import Path
 
 from kvmap.config import ModelConfig
 from kvmap.model.shapes import get_shape, shape_names
+from kvmap.plan.plan_model import PlanModel
 
 _MiB = 2**20
 
@@ -81,23 +82,6 @@ def get_gpu(name: str) -> GPU:
     return GPUS[key]
 
 
-@dataclass(frozen=True)
-class PlanModel:
-    """A model shape plus what ``ModelConfig`` does not say: experts per MoE layer.
-
-    ``num_experts == 1`` is a dense model. The attention (and KV) is ``config``'s either way;
-    ``config.intermediate_size`` is the size of one expert's MLP.
-    """
-
-    config: ModelConfig
-    num_experts: int = 1
-    num_experts_per_tok: int = 1
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
 _MIXTRAL_8X7B = ModelConfig(
     name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
     head_dim=128, intermediate_size=14336, vocab_size=32000, rope_theta=1e6,
@@ -131,19 +115,25 @@ def get_model(name_or_path: str) -> PlanModel:
 
 
 def model_from_config_json(path: str | Path) -> PlanModel:
-    """Read a Hugging Face ``config.json`` (Llama, Mistral, Qwen2 or Mixtral)."""
+    """Read a Hugging Face ``config.json``: Llama, Mistral, Qwen2, Mixtral, or a family of
+    :mod:`kvmap.plan.hf_families` (Gemma 3, GPT-OSS, Qwen3, Qwen3-Next, DeepSeek V3,
+    Llama 4)."""
     from kvmap.model.hf_loader import config_from_hf   # safetensors etc. only when used
+    from kvmap.plan.hf_families import read_family
     path = Path(path)
     try:
         hf = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read model config {str(path)!r}: {e}") from None
+    name = path.parent.name or path.stem
+    family = read_family(hf, name)
+    if family is not None:
+        return family
     num_experts, per_tok = 1, 1
     if "MixtralForCausalLM" in (hf.get("architectures") or []):
         # Mixtral's attention and config keys are Mistral's; the experts are extra keys.
         num_experts, per_tok = hf["num_local_experts"], hf["num_experts_per_tok"]
         hf = {**hf, "architectures": ["MistralForCausalLM"]}
-    name = path.parent.name or path.stem
     try:
         config = config_from_hf(hf, name)
     except KeyError as e:

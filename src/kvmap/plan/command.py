@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -36,12 +37,16 @@ def plan(
     concurrency: int = typer.Option(1, help="Sequences at once, for the longest context."),
     kv: Optional[List[str]] = typer.Option(None, help="KV spec (repeatable); default: "
                                                       + ", ".join(DEFAULT_KV_SPECS)),
-    weights: str = typer.Option("bf16", help="bf16 | fp8 | int8 | int4 (int4: group 128)"),
+    weights: str = typer.Option("bf16", help="bf16 | fp8 | int8 | int4 | mxfp4 "
+                                             "(int4: group 32; mxfp4: GPT-OSS's)"),
     block_size: int = typer.Option(16, help="Tokens per KV block."),
     gpu_memory_utilization: float = typer.Option(capacity.GPU_MEMORY_UTILIZATION,
                                                  help="Share of GPU memory to use, as vLLM."),
     reserve: str = typer.Option("2GiB", help="Per-GPU reserve for activations, CUDA graphs, "
                                              "NCCL."),
+    all_global: bool = typer.Option(False, "--all-global", help="Add a row per spec with "
+                                    "every sliding / chunked layer counted as global (the "
+                                    "layout a hybrid model's saving is measured against)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Analytical KV capacity: bytes per token and sequence, sequences that fit, longest context."""
@@ -54,6 +59,13 @@ def plan(
                                gpu_memory_utilization=gpu_memory_utilization,
                                reserve_bytes_per_gpu=reserve_bytes)
                  for spec in (kv or DEFAULT_KV_SPECS)]
+        if all_global:
+            plans += [replace(plan_capacity(
+                plan_model.all_global(), plan_gpu, p.kv_spec, context_tokens=context,
+                concurrency=concurrency, num_gpus=num_gpus, weights=weights,
+                block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
+                reserve_bytes_per_gpu=reserve_bytes), kv_spec=f"{p.kv_spec} (all-global)")
+                for p in plans]
     except ValueError as e:
         fail(str(e))
     if as_json:
@@ -85,14 +97,36 @@ def _print_table(plans: list[CapacityPlan], gpu_description: str, utilization: f
                    f"max ctx @{n}", f"step @{n}", "step @seqs"):
         table.add_column(header, justify="left" if header == "KV spec" else "right")
     for q in plans:
+        limit = q.usable_max_context_tokens
+        bounded = q.max_context_tokens is None or q.max_context_tokens > limit
         table.add_row(
             q.kv_spec, _bytes_per_token(q.kv_bytes_per_token), format_bytes(q.kv_bytes_per_seq),
             f"{q.resident_tokens_per_seq:,}", f"{q.max_concurrent_seqs:,}",
-            "unbounded" if q.max_context_tokens is None else f"{q.max_context_tokens:,}",
+            f"{limit:,} (model)" if bounded else f"{limit:,}",
             _ms(q.decode_step_s), _ms(q.decode_step_s_at_max_seqs))
     console.print(table)
+    _print_kinds(console, plans)
     for note in dict.fromkeys(note for q in plans for note in q.notes):
         console.print(f"note: {note}")
+
+
+def _print_kinds(console: Console, plans: list[CapacityPlan]) -> None:
+    """Per layer kind and KV spec: layers, bytes per token, bytes of one sequence at the
+    context, read per decode step, and what the codec, a policy and tiers do there."""
+    table = Table(title=f"per layer kind at {plans[0].context_tokens:,} tokens")
+    for header in ("KV spec", "kind", "layers", "window", "bytes/token", "KV/seq",
+                   "read/step"):
+        table.add_column(header, justify="left" if header in ("KV spec", "kind") else "right")
+    for q in plans:
+        for name, k in (q.layer_kinds or {}).items():
+            table.add_row(q.kv_spec, name, str(k["num_layers"]),
+                          "-" if k["window"] is None else f"{k['window']:,}",
+                          _bytes_per_token(k["bytes_per_token"]),
+                          format_bytes(k["kv_bytes_per_seq"]),
+                          format_bytes(k["decode_read_bytes_per_seq"]))
+    console.print(table)
+    for name, k in (plans[0].layer_kinds or {}).items():
+        console.print(f"{name}: codec {k['codec']}; policy {k['policy']}; tiers {k['tiers']}")
 
 
 def _bytes_per_token(num_bytes: float) -> str:

@@ -9,11 +9,12 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from kvmap.kv.config import KVConfig
-from kvmap.kv.layer_kinds import layer_kind_notes
+from kvmap.kv.layer_kinds import KVLayout, layer_kind_notes
 from kvmap.kv.layer_pool import per_layer_tables_blocker
-from kvmap.kv.spec import KVGeometry, layer_resident_blocks
+from kvmap.kv.spec import KVGeometry
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import GPU, PlanModel
+from kvmap.plan.layer_kind_plan import context_limit_notes, layer_kind_figures, layout_notes
 from kvmap.plan.weights import weight_bytes
 
 
@@ -41,7 +42,7 @@ class CapacityPlan:
     usable_kv_bytes_per_gpu: int       # negative: the weights do not fit
     num_blocks_per_gpu: int
     max_concurrent_seqs: int           # at context_tokens
-    max_context_tokens: int | None     # at `concurrency` sequences; None: unbounded
+    max_context_tokens: int | None     # at `concurrency` sequences, by memory; None: unbounded
     model_max_context_tokens: int
     decode_step_s: float               # `concurrency` sequences at context_tokens
     decode_step_s_at_max_seqs: float   # max_concurrent_seqs sequences (nan when 0)
@@ -50,13 +51,25 @@ class CapacityPlan:
     # sequence are then layer_blocks_per_seq layer blocks, blocks_per_seq rounded up
     layer_tables: str = "shared"
     layer_blocks_per_seq: int | None = None
-    # a hybrid model (sliding-window and global layers): per layer kind, its layers,
-    # window, bytes per token and resident tokens / bytes per sequence at context_tokens
+    # per layer kind (kvmap.plan.layer_kind_plan): its layers, window, bytes per token,
+    # resident tokens / bytes per sequence and decode read at context_tokens, and what
+    # the codec, a policy and tiers do to it
     layer_kinds: dict | None = None
+    # linear-attention / SSM layers' fixed state per sequence (in kv_bytes_per_seq too)
+    state_bytes_per_seq: int = 0
+
+    @property
+    def usable_max_context_tokens(self) -> int:
+        """``max_context_tokens`` bounded by the model's own limit (its
+        ``max_position_embeddings``): the longest context to plan for."""
+        memory = self.max_context_tokens
+        return self.model_max_context_tokens if memory is None \
+            else min(memory, self.model_max_context_tokens)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        d["usable_max_context_tokens"] = self.usable_max_context_tokens
         if math.isnan(d["decode_step_s_at_max_seqs"]):
             d["decode_step_s_at_max_seqs"] = None
         return d
@@ -75,8 +88,7 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     kv = KVConfig.parse(kv)
     c = model.config
     context_tokens = c.max_position_embeddings if context_tokens is None else context_tokens
-    if not isinstance(concurrency, int) or concurrency <= 0:
-        raise ValueError(f"concurrency={concurrency!r} must be a positive integer")
+    _check_concurrency(concurrency)
     heads_per_gpu = capacity.kv_heads_per_gpu(c.num_kv_heads, c.num_heads, num_gpus)
     geom_gpu = KVGeometry(c.num_layers, heads_per_gpu, c.head_dim, block_size)
     geom_model = KVGeometry.of(c, block_size)
@@ -88,20 +100,21 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
     # layers are counted per layer (hybrid_layer_blocks)
     window = c.sliding_window if c.sliding_layers is None else None
     windows = geom_model.layer_windows
-    blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window,
-                                              num_layers=c.num_layers)
+    blocks_per_seq = capacity.resident_blocks(context_tokens, block_size, kv.policy, window, num_layers=c.num_layers)
     all_weight_bytes = weight_bytes(model, weights)
     weight_bytes_gpu = math.ceil(all_weight_bytes / num_gpus)
-    usable = capacity.usable_kv_bytes_per_gpu(gpu.memory_bytes, weight_bytes_gpu,
-                                              gpu_memory_utilization, reserve_bytes_per_gpu)
+    usable = capacity.usable_kv_bytes_per_gpu(gpu.memory_bytes, weight_bytes_gpu, gpu_memory_utilization,
+                                              reserve_bytes_per_gpu)
     num_blocks = kv.codec.num_blocks_in(usable, geom_gpu, capacity.COMPUTE_DTYPE)   # + staging
     max_seqs = num_blocks // blocks_per_seq
+    layout = model.layout or KVLayout.of_config(c)
+    state_all = layout.state_bytes_per_seq()
+    state_gpu = math.ceil(state_all / num_gpus)          # linear heads split over the GPUs
     seq_bytes_gpu = blocks_per_seq * block_bytes_gpu
     has_tiers = kv.tiers is not None and bool(kv.tiers.levels)
     per_layer = capacity.per_layer_tables(kv, c, block_size, has_tiers)
     layer_blocks = None
-    layer_block_bytes = kv.codec.block_bytes(replace(geom_gpu, num_layers=1),
-                                             capacity.COMPUTE_DTYPE)
+    layer_block_bytes = kv.codec.block_bytes(replace(geom_gpu, num_layers=1), capacity.COMPUTE_DTYPE)
     if per_layer:
         layer_blocks = capacity.resident_layer_blocks(
             context_tokens, block_size, kv.policy, num_layers=c.num_layers) \
@@ -111,60 +124,48 @@ def plan_capacity(model: PlanModel, gpu: GPU, kv: str | KVConfig = "bf16", *,
         blocks_per_seq = math.ceil(layer_blocks / c.num_layers)
         max_seqs = num_blocks * c.num_layers // layer_blocks
 
+    if state_gpu:        # each sequence's fixed state beside its blocks
+        max_seqs = min(max_seqs, max(0, usable) // (seq_bytes_gpu + state_gpu))
+
     def step_s(num_seqs: int) -> float:
-        kv_read = num_seqs * seq_bytes_gpu
+        kv_read = num_seqs * (seq_bytes_gpu + 2 * state_gpu)     # a state: read + written
         return capacity.decode_step_s(weight_bytes_gpu, kv_read, gpu.memory_bandwidth_bytes_per_s)
 
-    resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window,
-                                                num_layers=c.num_layers)
+    resident = capacity.resident_tokens_per_seq(context_tokens, kv.policy, window, num_layers=c.num_layers)
+    memory_ctx = capacity.max_context_tokens(   # the pool less the sequences' states
+        kv.codec.num_blocks_in(usable - concurrency * state_gpu, geom_gpu, capacity.COMPUTE_DTYPE),
+        concurrency, block_size, kv.policy, window, num_layers=c.num_layers,
+        per_layer_tables=per_layer, windows=windows if per_layer else None)
     return CapacityPlan(
-        model=c.name, gpu=gpu.name, num_gpus=num_gpus, kv_spec=kv.spec,
-        weights_format=weights.strip().lower(), block_size=block_size,
-        context_tokens=context_tokens, concurrency=concurrency,
+        model=c.name, gpu=gpu.name, num_gpus=num_gpus, kv_spec=kv.spec, block_size=block_size,
+        weights_format=weights.strip().lower(), context_tokens=context_tokens, concurrency=concurrency,
         kv_bytes_per_token=bytes_per_token, num_kv_heads_per_gpu=heads_per_gpu,
         kv_bytes_per_block_per_gpu=block_bytes_gpu, resident_tokens_per_seq=resident,
-        blocks_per_seq=blocks_per_seq, kv_bytes_per_seq=seq_bytes_gpu * num_gpus,
+        blocks_per_seq=blocks_per_seq, kv_bytes_per_seq=seq_bytes_gpu * num_gpus + state_all,
         weight_bytes=all_weight_bytes, weight_bytes_per_gpu=weight_bytes_gpu,
         memory_bytes_per_gpu=gpu.memory_bytes, usable_kv_bytes_per_gpu=usable,
         num_blocks_per_gpu=num_blocks, max_concurrent_seqs=max_seqs,
-        max_context_tokens=capacity.max_context_tokens(num_blocks, concurrency, block_size,
-                                                       kv.policy, window,
-                                                       num_layers=c.num_layers,
-                                                       per_layer_tables=per_layer,
-                                                       windows=windows if per_layer else None),
-        model_max_context_tokens=c.max_position_embeddings,
+        max_context_tokens=memory_ctx, model_max_context_tokens=c.max_position_embeddings,
         decode_step_s=step_s(concurrency),
         decode_step_s_at_max_seqs=step_s(max_seqs) if max_seqs else math.nan,
-        notes=_notes(model, kv, num_gpus, context_tokens, resident, usable) + tuple(
-            layer_kind_notes(geom_model, kv.policy, per_layer, per_layer_tables_blocker(
-                kv.codec, geom_model, capacity.COMPUTE_DTYPE, has_tiers))),
+        notes=_notes(model, kv, num_gpus, context_tokens, resident, usable)
+        + context_limit_notes(memory_ctx, concurrency, c.max_position_embeddings)
+        + layout_notes(layout, num_gpus) + _kind_notes(geom_model, kv, per_layer, has_tiers),
         layer_tables="per-layer" if per_layer else "shared", layer_blocks_per_seq=layer_blocks,
-        layer_kinds=_layer_kinds(geom_model, kv, context_tokens, per_layer,
-                                 layer_block_bytes * num_gpus),
-    )
+        layer_kinds=layer_kind_figures(layout, kv, context_tokens, block_size, per_layer),
+        state_bytes_per_seq=state_all)
 
 
-def _layer_kinds(geom: KVGeometry, kv: KVConfig, context_tokens: int, per_layer: bool,
-                 layer_block_bytes: int) -> dict | None:
-    """Per layer kind of a hybrid model: layers, window, bytes per token (the codec's,
-    the kind's layers), and the resident tokens and bytes of one sequence at
-    ``context_tokens`` (a sliding layer whole when per-layer tables are off)."""
-    if not geom.sliding_layers:
-        return None
-    bs, out = geom.block_size, {}
-    slots = capacity.resident_tokens_per_seq(context_tokens, kv.policy,
-                                             num_layers=geom.num_layers)
-    for kind, info in geom.layer_kinds().items():
-        w = info["window"] if per_layer else None
-        n = len(info["layers"])
-        blocks = capacity.resident_blocks(context_tokens, bs, kv.policy,
-                                          num_layers=geom.num_layers) if w is None \
-            else layer_resident_blocks(slots, bs, w)
-        out[kind] = {**info, "num_layers": n,
-                     "bytes_per_token": n * layer_block_bytes / bs,
-                     "resident_tokens_per_seq": slots if w is None else min(slots, w - 1),
-                     "kv_bytes_per_seq": n * blocks * layer_block_bytes}
-    return out
+def _check_concurrency(concurrency) -> None:
+    if not isinstance(concurrency, int) or concurrency <= 0:
+        raise ValueError(f"concurrency={concurrency!r} must be a positive integer")
+
+
+def _kind_notes(geom: KVGeometry, kv: KVConfig, per_layer: bool,
+                has_tiers: bool) -> tuple[str, ...]:
+    """What the spec leaves alone on a hybrid model's sliding layers (the engine's words)."""
+    return tuple(layer_kind_notes(geom, kv.policy, per_layer, per_layer_tables_blocker(
+        kv.codec, geom, capacity.COMPUTE_DTYPE, has_tiers)))
 
 
 def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,

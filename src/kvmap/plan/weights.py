@@ -49,11 +49,17 @@ def _int4(out_features: int, in_features: int) -> float:
     return out_features * in_features / 2 + out_features * num_groups * 2 * BF16_BYTES
 
 
+def _mxfp4(out_features: int, in_features: int) -> float:
+    # OCP microscaling: 4-bit e2m1 values, one e8m0 scale byte per 32 (GPT-OSS's experts)
+    return out_features * in_features / 2 + out_features * math.ceil(in_features / 32)
+
+
 def _fp32(out_features: int, in_features: int) -> float:
     return 4 * out_features * in_features
 
 
-WEIGHT_FORMATS = {"fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4}
+WEIGHT_FORMATS = {"fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4,
+                  "mxfp4": _mxfp4}
 
 
 def _is_quantized_linear(name: str, shape: tuple[int, ...]) -> bool:
@@ -62,6 +68,8 @@ def _is_quantized_linear(name: str, shape: tuple[int, ...]) -> bool:
 
 def num_params(model: PlanModel) -> int:
     """Every parameter, all experts counted (embeddings once when tied)."""
+    if model.linear_params is not None:
+        return model.linear_params + model.other_params
     total = sum(math.prod(s) for s in weight_shapes(model.config).values())
     return total + _extra_expert_params(model)
 
@@ -76,14 +84,20 @@ def _extra_expert_params(model: PlanModel) -> int:
 
 
 def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
-    """Bytes of all weights in format ``fmt`` (``fp32 | bf16 | fp8 | int8 | w8a8 | int4``),
-    rounded up."""
+    """Bytes of all weights in format ``fmt`` (``fp32 | bf16 | fp8 | int8 | w8a8 | int4 |
+    mxfp4``), rounded up. A model of :mod:`kvmap.plan.hf_families` is counted from its
+    parameter totals, its matrices at the format's bytes per weight for rows of
+    ``hidden_size`` inputs."""
     key = fmt.strip().lower()
     if key not in WEIGHT_FORMATS:
         raise ValueError(f"weights={fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     linear = WEIGHT_FORMATS[key]
     other_bytes = 4 if key == "fp32" else BF16_BYTES     # embeddings, norms, head, router
     c = model.config
+    if model.linear_params is not None:     # a family counted from its own config: its
+        h = c.hidden_size                   # matrices at the format's bytes per weight
+        return math.ceil(model.linear_params * linear(1, h) / h
+                         + other_bytes * model.other_params)
     total = 0.0
     for name, shape in weight_shapes(c).items():
         if _is_quantized_linear(name, shape):

@@ -68,6 +68,8 @@ class ModelCost:
     block_size: int
     allreduce_bytes_per_token: float   # per device, all layers (0 without TP)
     kv_costs: KVCosts | None = None    # the KV configuration's own operators, per layer
+    # linear-attention layers' fixed state of one sequence on one device (not paged)
+    state_bytes_per_seq_per_device: int = 0
 
     @property
     def kv_bytes_per_token_per_device(self) -> float:
@@ -104,7 +106,9 @@ def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 1
         block_size=block_size,
         allreduce_bytes_per_token=(0.0 if n == 1 else 2 * c.num_layers * c.hidden_size
                                    * ACTIVATION_BYTES * 2 * (n - 1) / n),
-        kv_costs=kv_costs if kv_costs is not None and kv_costs.charges else None)
+        kv_costs=kv_costs if kv_costs is not None and kv_costs.charges else None,
+        state_bytes_per_seq_per_device=math.ceil(
+            model.layout.state_bytes_per_seq() / n) if model.layout is not None else 0)
 
 
 def causal_pairs(start_token: int, end_token: int) -> int:

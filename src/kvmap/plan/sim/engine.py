@@ -20,12 +20,11 @@ at a time, with the clock advanced by the cost model instead of a real forward p
 4. Computed tokens advance; a request whose last known token was computed samples one
    (its token time is the step's end); finished requests free or cache their blocks.
 
-Blocks are keyed (prefix caching) unless a sliding window, an offload window or
-per-layer block tables (``layer_budgets``, a hybrid model's sliding layers: counted per
-layer, ``capacity.hybrid_layer_blocks``) make a request's blocks its own. Keys are ``(owner, block index)`` where the owner is the conversation (turns
-share their history) or the request. A selection policy keeps prefix caching, as in the
-engine: compaction is copy on write, and a finished compacted sequence is filed for the
-next turn (:mod:`kvmap.plan.sim.compaction`).
+Blocks are keyed (prefix caching) unless a sliding window, an offload window or per-layer
+tables (``layer_budgets``; a hybrid model's sliding layers, ``capacity.hybrid_layer_blocks``)
+make a request's blocks its own; keys are ``(owner, block index)``, the owner the conversation
+or the request. A policy keeps prefix caching: compaction is copy on write, and a finished
+compacted sequence is filed for the next turn (:mod:`kvmap.plan.sim.compaction`).
 """
 from __future__ import annotations
 
@@ -58,6 +57,7 @@ class Simulator:
         self.mc = model_cost(config.model, config.kv, config.hardware, e.block_size,
                              config.weights, config.kv_costs)
         self.num_hbm_blocks = self._pool_blocks()
+        self.state_blocks = -(-self.mc.state_bytes_per_seq_per_device // self.mc.kv_block_bytes_per_device)
         self.policy = config.kv.policy
         self.num_layers = config.model.config.num_layers
         self.contiguous = e.reservation == "contiguous"
@@ -103,6 +103,10 @@ class Simulator:
 
     # ---- blocks a request needs ------------------------------------------------------
     def _total_blocks(self, st: SimState, num_tokens: int, compressed: bool) -> int:
+        """``_kv_blocks`` + a linear-attention state in whole blocks (vLLM v1's hybrid pool)."""
+        return self._kv_blocks(st, num_tokens, compressed) + self.state_blocks * (num_tokens > 0)
+
+    def _kv_blocks(self, st: SimState, num_tokens: int, compressed: bool) -> int:
         """Blocks the KV of ``num_tokens`` tokens occupies (HBM + offloaded); a selection
         policy only acts once the prompt is in (``compressed``), so a prompt holds all its
         blocks until the step after its last chunk."""
@@ -117,7 +121,7 @@ class Simulator:
         if self.policy is None and not self.window:
             return math.ceil(num_tokens / self.block_size)
         if st.compacted and not compressed:      # continues a compacted state
-            return math.ceil(self._base_slots(st, num_tokens) / self.block_size)
+            return math.ceil(st.slots_at(num_tokens) / self.block_size)
         policy = self.policy if compressed else None
         if self.per_layer and compressed:    # layer blocks in groups, + one for growth
             layer_blocks = capacity.resident_layer_blocks(
@@ -134,15 +138,11 @@ class Simulator:
             return 0
         compressed = num_computed >= st.req.prompt_tokens
         if st.compacted and not compressed:
-            return self._base_slots(st, num_computed)
+            return st.slots_at(num_computed)
         policy = self.policy if compressed else None
         return capacity.resident_tokens_per_seq(num_computed, policy, self.window,
                                                 num_layers=self.num_layers,
                                                 num_prompt_tokens=st.req.prompt_tokens)
-
-    @staticmethod
-    def _base_slots(st: SimState, num_tokens: int) -> int:
-        return st.base_slots + max(0, num_tokens - st.base_tokens)
 
     def _split(self, total_blocks: int) -> tuple[int, int]:
         """(HBM blocks, offloaded blocks) of a request holding ``total_blocks``."""
@@ -253,7 +253,7 @@ class Simulator:
 
     def _compaction_due(self, st: SimState) -> bool:
         n = st.num_computed
-        return compaction_due(self._base_slots(st, n) if st.compacted else n,
+        return compaction_due(st.slots_at(n) if st.compacted else n,
                               self._resident_tokens(st, n), n > st.req.prompt_tokens,
                               self.policy.decode_every_steps(self.block_size))
 

@@ -35,6 +35,10 @@ class SimState:
     base_tokens: int = 0
     base_slots: int = 0
 
+    def slots_at(self, num_tokens: int) -> int:
+        """Slots a compacted sequence holds at ``num_tokens`` tokens."""
+        return self.base_slots + max(0, num_tokens - self.base_tokens)
+
     def hold_layer_blocks(self, num_layer_blocks: int, num_layers: int) -> int:
         """A hybrid model's layer blocks for its tokens (kept as the exact peak); returns
         them in whole groups of one block per layer, the pool's unit."""
