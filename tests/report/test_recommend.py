@@ -223,3 +223,15 @@ def test_a_configuration_that_fails_its_own_goodput_check_is_never_recommended(c
     assert rec.choice == "bf16"
     miss = next(k for k in rec.checks["int8"] if k.name == "goodput_miss")
     assert not miss.ok and miss.measured == pytest.approx(0.7)
+
+
+def test_an_infeasible_deployment_says_which_part_of_the_step_misses(configs):
+    # every configuration misses TBT P99 through its tail: decode steps with a prefill
+    # chunk beside them (P99 far above P50)
+    for c in configs:
+        c.slo_measured["tbt_p99_s"] = c.tbt_p99_s = 1.4
+        c.tbt_p50_s = 0.09
+    rec = recommend(configs, Constraints(SLO), "throughput")
+    assert rec.choice is None
+    assert "16x its P50 (90 ms)" in rec.why and "prefill chunk" in rec.why
+    assert any(line.startswith("Why: its TBT P99 (1400 ms)") for line in rec.lines())

@@ -77,6 +77,7 @@ class Recommendation:
     accuracy: tuple[str, ...] = ()                # the winner's drops against zero
     by_capacity: bool = False                     # throughput ranked by SLA capacity
     leader: str | None = None                     # best on the objective, before the noise
+    why: str | None = None                        # infeasible: which part of the step misses
 
     @property
     def feasible(self) -> bool:
@@ -109,6 +110,8 @@ class Recommendation:
                 missed = [c.describe() for c in self.checks[self.closest_miss] if not c.ok]
                 out.append(f"Closest miss: {self.closest_miss}, which misses "
                            + "; ".join(missed) + ".")
+            if self.why:
+                out.append(f"Why: {self.why}")
         out.extend(f"Note: {n}" for n in self.notes)
         return out
 
@@ -119,7 +122,7 @@ class Recommendation:
                 "runners_up": [{"name": r.name, "costs": r.costs} for r in self.runners_up],
                 "closest_miss": self.closest_miss, "notes": list(self.notes),
                 "margin": self.margin, "accuracy": list(self.accuracy),
-                "by_capacity": self.by_capacity, "leader": self.leader,
+                "by_capacity": self.by_capacity, "leader": self.leader, "why": self.why,
                 "constraints": {"slo": self.constraints.slo,
                                 "max_accuracy_drop_pct": self.constraints.max_accuracy_drop_pct,
                                 "kv_budget_bytes": self.constraints.kv_budget_bytes},
@@ -290,7 +293,9 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
                                              _objective_sort_key(c, objective, by_capacity)),
                       default=None)
         return Recommendation(objective, constraints, None, None, (), (), checks,
-                              closest.name if closest else None, tuple(notes))
+                              closest.name if closest else None, tuple(notes),
+                              why=why_missed(closest, checks[closest.name]) if closest
+                              else None)
     leader = feasible[0]
     winner, margin = _simplest_within_noise(leader, feasible, objective, by_capacity)
     better = ranked[:ranked.index(leader)]
@@ -308,6 +313,31 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
     return Recommendation(objective, constraints, winner.name, binding, names, runners,
                           checks, None, tuple(notes), margin, _accuracy_lines(winner),
                           by_capacity, leader.name)
+
+
+TAIL_RATIO = 3.0        # a P99 gap this many times the P50: the tail is a kind of step
+
+
+def why_missed(config: ConfigSummary, checks: list) -> str | None:
+    """Which part of the step breaks the SLA for the closest miss, from its own figures:
+    a TBT P99 far above its P50 comes from the decode steps that also carry another
+    request's prefill chunk (the step's token budget, ``max_num_batched_tokens``); a
+    TBT P50 past the limit, from every decode step."""
+    failed = {c.name for c in checks if not c.ok}
+    tbt = next((k for k in failed if k.startswith("tbt")), None)
+    p50, p99 = config.tbt_p50_s, config.tbt_p99_s
+    if tbt is None or p50 is None or p99 is None:
+        return None
+    limit = next(c.limit for c in checks if c.name == tbt)
+    if p50 > limit:
+        return (f"every decode step is slow here: TBT P50 {p50 * 1000:.0f} ms is past the "
+                f"{limit * 1000:.0f} ms limit on this machine")
+    if p99 > TAIL_RATIO * p50:
+        return (f"its TBT P99 ({p99 * 1000:.0f} ms) is {p99 / p50:.0f}x its P50 "
+                f"({p50 * 1000:.0f} ms): the slow gaps are decode steps that also run "
+                "another request's prefill chunk; a smaller step token budget "
+                "(max_num_batched_tokens) or a looser TBT limit would meet it")
+    return None
 
 
 def _objective_label(c: ConfigSummary, objective: str, by_capacity: bool) -> tuple[str, str]:
