@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvmap.bench.cell_backend import CellBackend, CellResult
-from kvmap.runs.evidence import (KeyEvidence, decide, fit_boundary, needed_for_pass,
+from kvmap.metrics.evidence import (KeyEvidence, decide, fit_boundary, needed_for_pass,
                                  pooled, quantile_interval)
 from kvmap.runs.search import (Probe, SearchSettings, grid, next_probe, result,
                                slo_attainment)

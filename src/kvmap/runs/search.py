@@ -21,7 +21,7 @@ same path:
                   requests (a probe at the same rate with fresh requests: another seed)
                   until it is decided or holds ``max_level_requests``
 
-Verdicts are the exact percentile tests of :mod:`kvmap.runs.evidence`, per SLA key at
+Verdicts are the exact percentile tests of :mod:`kvmap.metrics.evidence`, per SLA key at
 its own percentile (``ttft_p90_s``: 0.90; a key without one at ``attainment``), pooled
 across levels by monotonicity; a level stopped early as over-saturated fails. The
 capacity is *decided* when a decided pass and a decided fail bracket it; the point
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvmap.runs.evidence import (KeyEvidence, decide, evidence_of, fit_boundary, key_quantile,
+from kvmap.metrics.evidence import (KeyEvidence, decide, evidence_of, fit_boundary, key_quantile,
                                  level_verdict, needed_for_pass, pooled, slo_attainment)
 
 ROLES = ("serial", "saturated", "level", "bisect", "extend")

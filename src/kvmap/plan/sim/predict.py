@@ -119,7 +119,7 @@ def predict(cell, record: dict, rows: list[dict], hw: Hardware, kv_costs,
                         "ridge_num_seqs": ridge_num_seqs(mc, hw)},
            "approximations": approximations(cell, config)}
     if cell.slo:                    # the SLA's evidence as the search reads a level's
-        from kvmap.runs.evidence import slo_attainment
+        from kvmap.metrics.evidence import slo_attainment
         target = ((cell.workload.search if cell.workload else None) or {}).get("attainment")
         out["slo_attainment"] = slo_attainment(list(result.records), cell.slo,
                                                target or 0.99)
