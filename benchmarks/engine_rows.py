@@ -10,10 +10,19 @@
   costs a sequence already decoding: its largest gap between two tokens while the long
   prompt is prefilled beside it (one request decoding, the long prompt arriving after
   its first token) -- the TBT price of a larger chunk.
+
+Run alone (``engine_vs_hf.py`` runs both beside the peers), kvmap only, at the
+profile's ``auto`` dtype, writing the record ``engine_rows-*.json``:
+
+    .venv/bin/python benchmarks/engine_rows.py [--repeats 1] [--kv-codecs int8,int4]
+        [--decode-tokens 64] [--no-budgets]
 """
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
+import sys
 
 from kvmap import LLM, SamplingParams
 from kvmap.bench.probes import decode_ops
@@ -99,3 +108,41 @@ def budget_rows(engine_args: dict, long_prompt, short_prompt, repeats: int) -> d
         print(f"{budget:7d} {rate:14.1f} {worst * 1e3:13.1f}")
         del llm
     return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--kv-codecs", default="int8,int4")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prefill-tokens", type=int, default=2000)
+    ap.add_argument("--no-budgets", action="store_true")
+    args = ap.parse_args()
+    import torch
+    sys.path.insert(0, os.path.dirname(__file__))
+    from common import write_record
+    from engine_vs_hf import prompts_of
+    from kvmap.hardware import detect
+    torch.set_num_threads(os.cpu_count() or 2)
+    hw = detect()
+    dtype = hw.auto_dtype("cpu")
+    engine_args = dict(dtype=dtype, kv=dtype, enable_prefix_caching=False,
+                       max_num_batched_tokens=2048, max_num_seqs=64)
+    codecs = [c for c in args.kv_codecs.split(",") if c]
+    tok = LLM(**engine_args, kv_memory="64MiB").tokenizer
+    short_prompt = prompts_of(tok, 1, 16)[0]
+    metrics = {"kv_codecs_decode_batch1": kv_codec_rows(
+        engine_args, dtype, codecs, short_prompt, args.decode_tokens, args.repeats)}
+    if not args.no_budgets:
+        long_prompt = prompts_of(tok, 1, args.prefill_tokens)[0]
+        metrics["step_budget_prefill"] = budget_rows(
+            {**engine_args, "kv_memory": "512MiB"}, long_prompt, short_prompt, args.repeats)
+    path = write_record("engine_rows", {
+        "repeats": args.repeats, "kv_codecs": codecs, "decode_tokens": args.decode_tokens,
+        "prefill_tokens": args.prefill_tokens, "budgets": list(BUDGETS), "dtype": dtype,
+        "machine_class": hw.machine_class}, metrics)
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()
