@@ -15,7 +15,7 @@ Run alone (``engine_vs_hf.py`` runs both beside the peers), kvmap only, at the
 profile's ``auto`` dtype, writing the record ``engine_rows-*.json``:
 
     .venv/bin/python benchmarks/engine_rows.py [--repeats 1] [--kv-codecs int8,int4]
-        [--decode-tokens 64] [--no-budgets]
+        [--decode-tokens 64] [--no-budgets] [--threads 2]
 """
 from __future__ import annotations
 
@@ -117,13 +117,14 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--prefill-tokens", type=int, default=2000)
     ap.add_argument("--no-budgets", action="store_true")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
     import torch
     sys.path.insert(0, os.path.dirname(__file__))
     from common import write_record
     from engine_vs_hf import prompts_of
     from kvmap.hardware import detect
-    torch.set_num_threads(os.cpu_count() or 2)
+    torch.set_num_threads(args.threads)
     hw = detect()
     dtype = hw.auto_dtype("cpu")
     engine_args = dict(dtype=dtype, kv=dtype, enable_prefix_caching=False,
@@ -140,6 +141,7 @@ def main() -> None:
     path = write_record("engine_rows", {
         "repeats": args.repeats, "kv_codecs": codecs, "decode_tokens": args.decode_tokens,
         "prefill_tokens": args.prefill_tokens, "budgets": list(BUDGETS), "dtype": dtype,
+        "threads": args.threads,
         "machine_class": hw.machine_class}, metrics)
     print(f"record: {path}")
 

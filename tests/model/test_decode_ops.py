@@ -22,7 +22,7 @@ from kvmap.kv.codecs import CODECS
 
 PLAIN = ("fp32", "bf16", "fp16")
 # operators a codec adds per layer and decode step (encode + read), counted at this commit
-ADDED_OPS_PER_LAYER_CAP = {"int8": 66, "fp8": 69, "int4": 124, "int2": 138, "kivi": 323}
+ADDED_OPS_PER_LAYER_CAP = {"int8": 63, "fp8": 66, "int4": 118, "int2": 132, "kivi": 323}
 
 
 def _ops_per_step(dtype: str, kv: str) -> tuple[float, int]:
