@@ -4,11 +4,11 @@ them (``kvmap.bench.probes.decode_ops``: outermost ``aten::`` calls of a step).
 
 The checklist's target is <= 1.2x the compute dtype's own cache. What a codec adds is
 per layer (its encode in ``codec.write`` and its read in decode attention), so the ratio
-grows with the layer count: on the tiny model int8 is 1.66x, on SmolLM2's 30 layers
-2.3x. The quantized reads *are* the fused ones at both dtypes (codes with folded scales,
+grows with the layer count: on the tiny model int8 is 1.63x, on SmolLM2's 30 layers
+2.29x. The quantized reads *are* the fused ones at both dtypes (codes with folded scales,
 ``quant_attention.FoldedKV``; the row read, ``DecodedKV``); in eager mode they launch
-more operators than dequantizing through ``codec.read`` (int8: 333 against 295 a step),
-and are chosen for their bytes, not their operator count (docs/performance.md). The
+more operators than dequantizing through ``codec.read`` (int8: 327 against 289 a step),
+and are chosen for their bytes, not their operator count (docs/hardware.md). The
 caps below are the counts at this commit: a change that adds operators to a codec's
 path fails here and must say why; one that removes some lowers its cap.
 """
