@@ -15,6 +15,10 @@ Measures (median of --repeats runs each):
             copy's read + write rate swung 46-83 GB/s between two quiet runs)
   batch     output tokens/s for 32 requests of ~200 prompt and 200 output tokens
             (ours: continuous batching; transformers: one padded batched generate)
+  kv        batch-1 decode and operators per decode step with each --kv-codecs cache
+            against the dtype's own cache; the 2,000-token prefill and a decoding
+            neighbour's worst inter-token gap at step budgets 512 and 2,048
+            (``engine_rows.py``)
   llama.cpp prefill and batch-1 decode from ``llama-server``'s own timings
             (``llamacpp_peer.py`` states the definitions), when it is built
             (``scripts/llamacpp.sh``); else its rows say "not built"
@@ -24,7 +28,7 @@ fraction of it: FLOPs counted as the layers' matrix products plus causal attenti
 products, and the output head for the last token only.
 
     .venv/bin/python benchmarks/engine_vs_hf.py [--repeats 3] [--quick] [--threads 1]
-        [--formats int8,w8a8,int4] [--decode-only]
+        [--formats int8,w8a8,int4] [--kv-codecs int8,int4] [--decode-only]
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import environment, median_time_s, write_record  # noqa: E402
+from engine_rows import budget_rows, kv_codec_rows  # noqa: E402
 from llamacpp_peer import LlamaServer, llama_server_binary  # noqa: E402
 
 from kvmap import LLM, SamplingParams  # noqa: E402
@@ -230,10 +235,14 @@ def parse_args():
                     help="torch threads (and llama-server -t), the same for every engine")
     ap.add_argument("--formats", default=",".join(FORMATS),
                     help="weight quantizations for the decode rows (comma-separated; '' none)")
+    ap.add_argument("--kv-codecs", default="int8,int4",
+                    help="KV caches for the batch-1 decode rows against the dtype's own "
+                         "(comma-separated; '' none)")
     ap.add_argument("--decode-only", action="store_true",
                     help="only the batch-1 decode rows (skip prefill and 32 requests)")
     args = ap.parse_args()
     args.formats = [f for f in args.formats.split(",") if f]
+    args.kv_codecs = [c for c in args.kv_codecs.split(",") if c]
     bad = [f for f in args.formats if f not in FORMATS]
     if bad:
         ap.error(f"--formats {bad[0]!r} is not one of {', '.join(FORMATS)}")
@@ -272,6 +281,11 @@ def main() -> None:
     # the bound: the faster of two read-bandwidth probes around the decode rows (a probe
     # that caught a burst of load must not lower the bar); copy bandwidth recorded beside
     bandwidth = max(read_before, read_after)
+    kv_rows = kv_codec_rows(engine_args, dtype, args.kv_codecs, short_prompt, n_decode,
+                            args.repeats) if args.kv_codecs else {}
+    budgets = ({} if args.decode_only else
+               budget_rows({**engine_args, "kv_memory": "512MiB"}, long_prompt,
+                           short_prompt, args.repeats))
     llamacpp = llamacpp_rows(args.threads, long_prompt, short_prompt, n_decode,
                              args.repeats, args.decode_only)
 
@@ -279,6 +293,8 @@ def main() -> None:
     metrics["weight_formats_decode_batch1"] = format_metrics(llms, decode, bandwidth, llamacpp,
                                                              dtype)
     metrics["llamacpp"] = llamacpp
+    metrics["kv_codecs_decode_batch1"] = kv_rows
+    metrics["step_budget_prefill"] = budgets
     metrics["read_bandwidth_bytes_per_s"] = {"before_decode": read_before,
                                              "after_decode": read_after, "bound": bandwidth}
     metrics["copy_bandwidth_bytes_per_s"] = copy_bandwidth()
@@ -301,6 +317,7 @@ def main() -> None:
     path = write_record("engine_vs_hf", {"repeats": args.repeats, "quick": args.quick,
                                          "threads": args.threads, "formats": args.formats,
                                          "decode_only": args.decode_only,
+                                         "kv_codecs": args.kv_codecs,
                                          "prefill_tokens": n_prefill,
                                          "decode_tokens": n_decode, "requests": n_req,
                                          "prompt_tokens": n_in, "output_tokens": n_out,

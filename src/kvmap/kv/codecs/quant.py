@@ -109,8 +109,21 @@ class FP8Grid:
         if q.device.type != "cpu":
             return q.view(self.dtype).to(dtype), 1.0, 0.0
         # a 256-entry table lookup: CPU float8 -> float casts are far slower
-        table = torch.arange(256, dtype=torch.uint8, device=q.device).view(self.dtype).to(dtype)
-        return table.index_select(0, q.flatten().int()).view(q.shape), 1.0, 0.0
+        return _fp8_table(self.dtype, dtype).index_select(0, q.flatten().int()).view(
+            q.shape), 1.0, 0.0
+
+
+_FP8_TABLES: dict[tuple[torch.dtype, torch.dtype], torch.Tensor] = {}
+
+
+def _fp8_table(fp8: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """The 256 values of ``fp8``'s bit patterns in ``dtype`` (CPU), built once: three
+    operators fewer per read, and a read runs twice per layer and decode step."""
+    table = _FP8_TABLES.get((fp8, dtype))
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8).view(fp8).to(dtype)
+        _FP8_TABLES[(fp8, dtype)] = table
+    return table
 
 
 Grid = IntGrid | FP8Grid

@@ -184,12 +184,13 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
     dims = tuple(d + 1 for d in REDUCE_DIMS[qk.granularity])
     r, z = call_params(xv, dims, qk.symmetric)                             # (2, T|1, Hp, G, 1)
     q = quantize(xv, r, z, qk.grid)                                        # (2, T, H, Ds)
+    # (2, T, Hp, G) once for K and V; a call-wide range (2, 1, ...) expanded to the slots
+    params = [(name, p.squeeze(-1) if p.shape[1] == T else p.squeeze(-1).expand(2, T, -1, -1))
+              for name, p in (("r", r), ("z", z)) if p is not None]
     for i, prefix in enumerate((qk.prefix, qv.prefix)):
         flat_slots(store.blocks[f"{prefix}.q"]).index_copy_(0, slot_ids, q[i])
-        for name, p in (("r", r), ("z", z)):
-            if p is not None:
-                p_slots = p[i].squeeze(-1).expand(T, -1, -1)                  # (T, Hp, G)
-                flat_slots(store.blocks[f"{prefix}.{name}"]).index_copy_(0, slot_ids, p_slots)
+        for name, p in params:
+            flat_slots(store.blocks[f"{prefix}.{name}"]).index_copy_(0, slot_ids, p[i])
     return True
 
 
