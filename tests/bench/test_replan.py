@@ -13,6 +13,7 @@ from kvmap.bench.cell_backend import CellBackend, CellResult
 from kvmap.bench.estimate import CellEstimate, RunEstimate, family_of
 from kvmap.bench.replan import replanner_of
 from kvmap.bench.scenario import load_scenario
+from kvmap.report.power import budget_lines
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore
 
@@ -93,6 +94,8 @@ def test_a_run_4x_slower_than_its_estimate_lands_inside_its_budget(tmp_path, mon
     (first, *_) = stored["replans"]
     assert first["after_cells"] == 1 and first["cuts"] and first["planned_s"] <= budget_s
     assert first["projected_s"] > budget_s
+    said = "\n".join(budget_lines(RunStore(tmp_path / "run").metadata()))
+    assert "re-plan after 1 cells" in said and "a num_requests 100 -> " in said
 
 
 def test_on_course_nothing_is_replanned(tmp_path, monkeypatch):
