@@ -14,7 +14,7 @@ from kvmap.kv.layer_pool import per_layer_tables_blocker
 from kvmap.kv.spec import KVGeometry, layer_resident_blocks
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import GPU, PlanModel
-from kvmap.plan.weights import weight_bytes
+from kvmap.perf.weights import weight_bytes
 
 
 @dataclass(frozen=True)
