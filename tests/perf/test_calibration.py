@@ -37,6 +37,8 @@ def test_own_fit_then_the_class_then_another_class(hw, tmp_path):
     assert calibration_for(hw, "bf16").cell_s == 3.0
     assert not calibration_for(hw, "bf16").same_class
     store(replace(mine, cell_s=2.5, reference_cpu="some other CPU"), hw, tmp_path / "shipped")
+    found = calibration_for(hw, "bf16")         # its class, another CPU: not its rates
+    assert found.cell_s == 2.5 and not found.same_class
     store(replace(mine, reference_cpu=hw.cpu.model_name), hw, tmp_path / "shipped")
     found = calibration_for(hw, "bf16")
     assert found.same_class and found.cell_s == 2.0       # its CPU model first

@@ -140,6 +140,8 @@ class Replanner:
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if planned(at(mid))[0] <= self.budget_s else (lo, mid)
         values = at(lo)
+        if values == self.values and self.history:
+            return None, {}                  # said before: nothing more can be cut
         after_s, cells, est = planned(values)
         cuts = tuple((k.name, k.key, self.values.get(k, k.written), v)
                      for k, v in values.items() if v < self.values.get(k, k.written))

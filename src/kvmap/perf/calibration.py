@@ -10,7 +10,7 @@ Lake does). ``calibration_for`` takes the
 first of: this machine's own fit, the shipped fit of its class and dtype (its CPU model's first), the shipped fit
 of another class in the same dtype, the built-in one (the x86-avx512 class at fp32, the
 first fit). ``Calibration.same_class`` says whether the constants were measured on this
-class: only then are its reference rates used in place of the profile's (the profile's
+class and CPU model: only then are its reference rates used in place of the profile's (the profile's
 rates say how fast an *other* class is; counting both would count the speed twice).
 
 Fixed costs are seconds, measured, and never scaled by compute speed: a cell's fork,
@@ -125,14 +125,13 @@ def calibration_for(hw, dtype: str) -> Calibration:
     own = _read(local_path(hw, dtype)) if hw is not None else None
     if own is not None and own.machine_class == hw.machine_class:
         return replace(own, same_class=True)
-    every = shipped()
+    every = [c for c in shipped() if c.dtype == dtype]
     if hw is not None:
-        mine = sorted((c for c in every if (c.machine_class, c.dtype) == (hw.machine_class, dtype)),
+        mine = sorted((c for c in every if c.machine_class == hw.machine_class),
                       key=lambda c: c.reference_cpu != hw.cpu.model_name)
-        if mine:
-            return replace(mine[0], same_class=True)
-    others = [c for c in every if c.dtype == dtype]
-    return others[0] if others else CALIBRATION
+        if mine:             # its reference rates only where they are this CPU's
+            return replace(mine[0], same_class=mine[0].reference_cpu == hw.cpu.model_name)
+    return every[0] if every else CALIBRATION
 
 
 __all__ = ["CALIBRATION", "Calibration", "calibration_for", "local_path", "shipped_name",
