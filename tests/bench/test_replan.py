@@ -94,6 +94,8 @@ def test_a_run_4x_slower_than_its_estimate_lands_inside_its_budget(tmp_path, mon
     (first, *_) = stored["replans"]
     assert first["after_cells"] == 1 and first["cuts"] and first["planned_s"] <= budget_s
     assert first["projected_s"] > budget_s
+    sized = {w.name: w.options["num_requests"] for w in replan.sized_scenario().workloads}
+    assert sized["a"] < 100 and sized["b"] < 60        # what a later search reads
     said = "\n".join(budget_lines(RunStore(tmp_path / "run").metadata()))
     assert "re-plan after 1 cells" in said and "a num_requests 100 -> " in said
 

@@ -97,6 +97,12 @@ class Replanner:
         """The knobs' scale now (1.0: as the preflight sized them)."""
         return self.history[-1].scale if self.history else 1.0
 
+    def sized_scenario(self) -> Scenario:
+        """The scenario at the present sizes: what a search run after the cells should
+        read its requests per probe from (``runs.search`` sizes itself from its
+        workload's ``num_requests``, a knob of this re-plan)."""
+        return apply(self.scenario, self.values)
+
     def started(self, spent_before_s: float) -> Replanner:
         """This replanner, told what the run spent before its first cell."""
         self.spent_before_s = spent_before_s
