@@ -1,16 +1,17 @@
-"""The bench estimator's constants (``kvmap.bench.estimate.Calibration``), fitted on this
-machine from timed engine work, against the machine's rates measured in the same run
-(``kvmap.hardware.probes.measure_rates``; the cached profile was taken under another
-load, and the constants are ratios to the rates).
+"""The bench estimator's calibration (``kvmap.perf.calibration.Calibration``) for the
+machine class and compute dtype that runs it, fitted from timed engine work against the
+machine's rates measured in the same run (``kvmap.hardware.probes.measure_rates``; the
+cached profile was taken under another load, and the constants are ratios to the rates).
 
 In a child process with the bench cells' OpenMP wait policy (``--wait-policy``), on the
-embedded SmolLM2-135M in the profile's ``auto`` dtype:
+embedded SmolLM2-135M in the profile's ``auto`` dtype (``KVMAP_NATIVE_BF16=0|1`` forces
+the other; the class it then reports names the record):
 
 Every timing below and the decode-step proxy (``kvmap.hardware.threads``' own code,
 in process) run round-robin, ``--repeat`` rounds, each keeping its median: a burst of
 other load falls on one round of every measurement, and the proxy's median is the
 ``reference_step_s`` the constants belong to (a run scales its estimate by its own
-proxy over this one).
+proxy over this one, on this class only).
 
 - prefill: one request of P prompt tokens and one output token, P in --prefill; fitted
   ``t = P x a + P^2/2 x b + chunks x overhead`` -> ``e_prefill``, ``e_attn``;
@@ -18,30 +19,38 @@ proxy over this one).
   together; the step time is the median gap between tokens while all B decode. Fitted
   per codec ``step = s0 + B x c + B x context x k`` over B in --batches and two prompt
   lengths -> the step overhead (``s0`` less the weights' read time), ``e_batch``,
-  ``e_kv[codec]``;
-- fixed costs: a fresh interpreter importing what a cell imports (``start_s``), the
-  weights read from the cache (``load_bytes_per_s``), an engine built on loaded weights
-  (``build_bytes_per_s``), the checklist probes (``probes_measured_s``, for reference:
-  ``probes_s`` holds their fixed part, the profiler's start).
+  ``e_kv``, the decode factor of each other codec;
+- fixed costs, measured, not assumed: a fresh interpreter importing what a cell imports
+  (``start_s``), the weights read from the cache (``load_bytes_per_s``), an engine built
+  on loaded weights (``build_bytes_per_s``); and a real ``kvmap bench`` of a tiny
+  scenario (three cells of one 16-token request): a cell forked from the warm worker
+  (``cell_s``), the checklist probes (``probes_s``: the first cell less the others), the
+  warm worker's start (``worker_s``), and the run's own (``run_s``: the wall time less
+  the cells').
 
-Writes ``benchmarks/results/estimate_calibration-<time>.json`` with the fitted constants
-and the profile rates they are relative to; ``kvmap.bench.estimate.Calibration`` holds
-the values of the record it names. The load average is recorded: a fit on a busy machine
+Writes ``benchmarks/results/estimate_calibration-<class>-<dtype>-<time>.json`` (the record)
+and the calibration beside the hardware profile (this machine's own, used by ``kvmap
+bench`` from now on); ``--ship`` also writes it under ``src/kvmap/perf/calibrations/``
+(every machine of the class). The load average is recorded: a fit on a busy machine
 estimates a busy machine.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/estimate_calibration.py
+    PYTHONPATH=src .venv/bin/python benchmarks/estimate_calibration.py [--ship]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
+import tempfile
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import write_record  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -119,10 +128,10 @@ def fit(measured: dict, rates: dict, dtype: str, cpu_model: str) -> dict:
     (the timings ran round-robin, so the ratios hold when the load drifted)."""
     import statistics
 
-    from kvmap.bench.estimate import ModelCost
     from kvmap.model.loader import model_config_of
+    from kvmap.perf.shape import StepShape
     config = model_config_of(None, dtype)
-    cost = ModelCost.of(config, dtype)
+    shape = StepShape.of(config, dtype)
     flops = rates["matmul_flops"][dtype]["prefill"]
     bw = rates["read_bandwidth_bytes_per_s"]
     pre = measured["prefill"]
@@ -135,29 +144,63 @@ def fit(measured: dict, rates: dict, dtype: str, cpu_model: str) -> dict:
     # a batch-1 step is the weights streamed plus the operators' dispatch; where the
     # read probe's bandwidth leaves no room for the dispatch, the stream ran faster than
     # the probe (e_stream > 1) and the dispatch keeps a tenth of the step
-    e_stream = max(1.0, cost.weight_bytes / bw / (0.9 * s0))
-    overhead = s0 - cost.weight_bytes / (bw * e_stream)
+    e_stream = max(1.0, shape.weight_bytes / bw / (0.9 * s0))
+    overhead = s0 - shape.weight_bytes / (bw * e_stream)
     factors = {"fp": 1.0}
     for kv in sorted({d["kv"] for d in measured["decode"]} - {dtype}):
         factors[kv] = statistics.median(d["step_s"] / base[d["batch"], d["context"]]
                                         for d in measured["decode"] if d["kv"] == kv)
+    factors["other"] = max(factors.values())
     fixed = measured["fixed"]
-    return {"e_prefill": cost.prefill_flop / (flops * a),
-            "e_attn": cost.attn_flop_per_pair / (flops * b),
-            "e_batch": cost.decode_flop / (flops * c),
-            "e_kv": cost.attn_flop_per_pair / (flops * k),
-            "e_stream": e_stream, "step_overhead_s_per_layer": overhead / cost.num_layers,
-            "decode_factor": factors,
-            "load_bytes_per_s": cost.weight_bytes / fixed["load_s"],
-            "build_bytes_per_s": cost.weight_bytes / fixed["build_s"],
-            "start_s": measured["start_s"],
-            "reference_step_s": sorted(measured["proxy_s"])[len(measured["proxy_s"]) // 2],
-            "reference_cpu": cpu_model,
-            "reference_fp32_flops": rates["matmul_flops"]["fp32"]["prefill"],
-            "reference_bandwidth": bw,
-            "probes_measured_s": fixed["probes_s"],
-            "fit": {"step_s0": s0, "step_per_seq_s": c, "step_per_pair_s": k,
-                    "prefill_per_token_s": a, "prefill_per_pair_s": b}}
+    bench = measured.get("bench") or {}
+    out = {"e_prefill": shape.prefill_flop / (flops * a),
+           "e_attn": shape.attn_flop_per_pair / (flops * b),
+           "e_batch": shape.decode_flop / (flops * c),
+           "e_kv": shape.attn_flop_per_pair / (flops * k),
+           "e_stream": e_stream, "step_overhead_s_per_layer": overhead / shape.num_layers,
+           "decode_factor": factors,
+           "load_bytes_per_s": shape.weight_bytes / fixed["load_s"],
+           "build_bytes_per_s": shape.weight_bytes / fixed["build_s"],
+           "start_s": measured["start_s"],
+           "reference_step_s": sorted(measured["proxy_s"])[len(measured["proxy_s"]) // 2],
+           "reference_cpu": cpu_model,
+           "reference_flops": {d: r["prefill"] for d, r in rates["matmul_flops"].items()},
+           "reference_bandwidth": bw, "dtype": dtype}
+    out.update({k: bench[k] for k in ("cell_s", "probes_s", "worker_s", "run_s") if k in bench})
+    return out
+
+
+TINY = """
+name: fixed-costs
+seed: 0
+models: [smollm2]
+engine: {{kv_memory: 64MiB, max_num_seqs: 8, max_num_batched_tokens: 512}}
+kv: [{dtype}]
+workloads:
+{workloads}
+"""
+
+
+def measure_bench(env: dict, dtype: str, workdir: str) -> dict:
+    """A real ``kvmap bench`` of a tiny scenario (module docstring): its fixed costs."""
+    from kvmap.runs.store import RunStore
+    lines = "\n".join(f"  - {{name: w{i}, kind: synthetic, num_requests: 1, prompt_len: 16, "
+                      f"output_len: 1, arrival: 'closed:1'}}" for i in range(3))
+    path = os.path.join(workdir, "tiny.yaml")
+    with open(path, "w") as f:
+        f.write(TINY.format(dtype=dtype, workloads=lines))
+    out = os.path.join(workdir, "run")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "kvmap.cli", "bench", path, "--out", out],
+                   env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - t
+    cells = RunStore(out).cells()
+    walls = [c.estimate["actual_s"] for c in cells]
+    durations = [c.duration_s for c in cells]
+    cell_s = statistics.median(walls[1:])
+    return {"wall_s": wall, "cell_actual_s": walls, "cell_duration_s": durations,
+            "cell_s": cell_s, "probes_s": max(0.0, durations[0] - statistics.median(durations[1:])),
+            "worker_s": walls[0] - durations[0], "run_s": wall - sum(walls)}
 
 
 def main() -> None:
@@ -170,6 +213,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--codecs", default="int8,int4")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ship", action="store_true", help="also write the calibration under "
+                    "src/kvmap/perf/calibrations/ (every machine of this class)")
     args = ap.parse_args()
     if args.refit:
         record = json.loads(open(args.refit).read())
@@ -178,6 +223,7 @@ def main() -> None:
                              record["environment"]["hardware"]["cpu_model"]), indent=1))
         return
     from kvmap.hardware import profile
+    from kvmap.perf.calibration import SHIPPED_DIR
     hw = profile()
     dtype = hw.auto_dtype("cpu")
     config = {"dtype": dtype, "prefill": [int(x) for x in args.prefill.split(",")],
@@ -196,16 +242,28 @@ def main() -> None:
                           check=True, capture_output=True, text=True)
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     measured["start_s"] = sorted(starts)[1]
+    with tempfile.TemporaryDirectory() as workdir:
+        measured["bench"] = measure_bench(dict(os.environ), dtype, workdir)
     # the rates now, beside the timings (the cached profile was taken under another load)
     from kvmap.hardware.probes import measure_rates
+    from kvmap.perf.calibration import Calibration, store
     rates = measure_rates(hw)
+    name = f"estimate_calibration-{hw.machine_class}-{dtype}"
     constants = fit(measured, rates, dtype, hw.cpu.model_name)
-    path = write_record("estimate_calibration", config,
+    path = write_record(name, config,
                         {"measured": measured, "constants": constants,
-                         "profile_rates": rates, "cached_profile_rates": hw.rates, "load_avg_1m_start": load_start,
+                         "machine_class": hw.machine_class, "dtype": dtype,
+                         "profile_rates": rates, "cached_profile_rates": hw.rates,
+                         "load_avg_1m_start": load_start,
                          "load_avg_1m_end": os.getloadavg()[0]})
+    cal = Calibration.from_dict({**constants, "machine_class": hw.machine_class,
+                                 "wait_policy": args.wait_policy,
+                                 "source": os.path.relpath(path, ROOT)})
     print(json.dumps(constants, indent=1))
     print(f"record: {path}")
+    print(f"beside the profile: {store(cal, hw)}")
+    if args.ship:
+        print(f"shipped: {store(cal, hw, SHIPPED_DIR)}")
 
 
 if __name__ == "__main__":

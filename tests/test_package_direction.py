@@ -26,15 +26,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": FLOOR | {"kv"},
     "engine": FLOOR | {"kv", "model"},
     "kvmap": FLOOR | {"kv", "model", "engine"},
+    "perf": FLOOR | {"kv", "model"},       # what a step costs: beside the engine
     "evals": ENGINE,
-    "runs": ENGINE,
-    "loadgen": ENGINE | {"runs"},
-    "bench": ENGINE | {"evals", "runs", "loadgen"},
-    "report": ENGINE | {"evals", "runs"},
+    "runs": ENGINE | {"perf"},
+    "loadgen": ENGINE | {"runs", "perf"},
+    "bench": ENGINE | {"evals", "runs", "loadgen", "perf"},
+    "report": ENGINE | {"evals", "runs", "perf"},
     "server": ENGINE | {"evals"},
-    "plan": ENGINE,
-    "tune": ENGINE | {"evals", "runs", "loadgen", "bench", "report"},
-    "cli": ENGINE | {"evals", "runs", "loadgen", "bench", "report", "server", "plan", "tune"},
+    "plan": ENGINE | {"perf"},
+    "tune": ENGINE | {"evals", "runs", "loadgen", "bench", "report", "perf"},
+    "cli": ENGINE | {"evals", "runs", "loadgen", "bench", "report", "server", "plan", "tune",
+                     "perf"},
 }
 
 

@@ -94,7 +94,7 @@ def test_int4_llm_on_a_gguf_multiplies_by_the_ggufs_weights(q4_gguf):
 
 
 def test_planner_counts_the_unfolded_norms(q4_gguf):
-    from kvmap.plan.weights import engine_weight_bytes
+    from kvmap.perf.weights import engine_weight_bytes
     llm = LLM(model=str(q4_gguf), dtype="bf16", kv="bf16", quantization="int4",
               num_blocks=64, block_size=4)
     cfg = llm.model_config

@@ -92,16 +92,16 @@ def test_weight_bytes_are_exact():
 
 @pytest.mark.parametrize("quantization", [None, "int8", "w8a8", "int4"])
 def test_planner_weight_bytes_are_the_engines(quantization):
-    """``plan.weights.engine_weight_bytes`` is the engine's resident weight bytes to the
+    """``perf.weights.engine_weight_bytes`` is the engine's resident weight bytes to the
     byte, and the planner's int4 format uses the engine's group of 32 (so a layer's
     matrices in the planner's int4 are the engine's int4 matrices)."""
-    from kvmap.plan import weights as plan_weights
+    from kvmap.perf import weights as plan_weights
     llm = make_tiny_llm(dtype="bf16", kv="bf16", quantization=quantization)
     cfg = llm.model_config
     assert plan_weights.engine_weight_bytes(cfg, quantization) == llm.weight_bytes()
     assert plan_weights.INT4_GROUP_SIZE == 32
     lin = Int4Linear(torch.randn(96, 128, dtype=torch.bfloat16))
-    assert plan_weights.WEIGHT_FORMATS["int4"](96, 128) == lin.num_bytes
+    assert plan_weights.BYTE_RULES["int4"](96, 128) == lin.num_bytes
     with pytest.raises(ValueError, match="'fp4' is not one of"):
         plan_weights.engine_weight_bytes(cfg, "fp4")
 

@@ -19,7 +19,7 @@ from kvmap.plan import capacity
 from kvmap.plan.catalogue import PlanModel, get_gpu, get_model
 from kvmap.plan.command import register
 from kvmap.plan.planner import plan_capacity
-from kvmap.plan.weights import num_params, weight_bytes
+from kvmap.perf.weights import num_params, weight_bytes
 
 GiB = 2**30
 

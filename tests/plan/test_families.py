@@ -15,7 +15,7 @@ import pytest
 
 from kvmap.plan.catalogue import get_gpu, get_model
 from kvmap.plan.planner import plan_capacity
-from kvmap.plan.weights import num_params
+from kvmap.perf.weights import num_params
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 CTX = 32768

@@ -41,6 +41,9 @@ class CellBackend:
 
     name = "base"
     parallelism = 1               # how many cells run at once (for the ETA)
+    # whether ``run`` reads ``todo`` as it goes, one cell at a time (a re-plan may then
+    # replace the cells not started yet: ``bench.replan``)
+    reads_todo_lazily: ClassVar[bool] = False
     takes_address: ClassVar[bool] = False   # built as cls(address=...) (a cluster to join)
 
     def open(self, cells: list[CellSpec]) -> None:
@@ -72,6 +75,7 @@ class WrappingBackend(CellBackend):
     def __init__(self, inner: CellBackend):
         self.inner = inner
         self.name, self.parallelism = inner.name, inner.parallelism
+        self.reads_todo_lazily = inner.reads_todo_lazily
 
     def open(self, cells: list[CellSpec]) -> None:
         self.inner.open(cells)

@@ -29,6 +29,7 @@ GPU beside it (spec sheet).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional, Protocol
@@ -89,6 +90,7 @@ def bench(
                                 "sheet); 'cpu': no GPU; 'none': no prediction."),
 ) -> None:
     """Run a scenario: every model x KV config x workload/task cell, each in its own process."""
+    t_command = time.perf_counter()
     from kvmap.bench.runner import default_run_dir, run_scenario
     from kvmap.bench.scenario import load_scenario
     from rich.markup import escape
@@ -117,7 +119,7 @@ def bench(
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address, retry_failed=retry_failed, cells=cells,
                               estimate=plan.estimate, searches=True,
-                              predict=_predictor(predict))
+                              predict=_predictor(predict), replan=_started(plan, t_command))
         from kvmap.runs.store import RunStore
         RunStore(result.run_dir).update_metadata(preflight=plan.to_dict())
     except ValueError as e:
@@ -158,6 +160,14 @@ def _print_result(result, tradeoff: TradeoffMap | None, as_json: bool, name: str
                f"{result.duration_s:.0f} s)")
     if report_path is not None:
         typer.echo(f"trade-off map: {report_path}")
+
+
+def _started(plan, t_command: float):
+    """The preflight's re-planner (None without a budget), told what the command spent
+    before the first cell (``bench.replan``)."""
+    if plan.replanner is None:
+        return None
+    return plan.replanner.started(time.perf_counter() - t_command)
 
 
 def _predictor(choice: str):

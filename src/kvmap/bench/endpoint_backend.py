@@ -30,6 +30,7 @@ class EndpointBackend(WrappingBackend):
 
     def __init__(self, inner: CellBackend, run_cell: Callable):
         super().__init__(inner)
+        self.reads_todo_lazily = False        # ``run`` splits ``todo`` into copies
         self.run_cell = run_cell
 
     def open(self, cells: list[CellSpec]) -> None:

@@ -1,29 +1,22 @@
 """How long a scenario's cells will take, before any runs: ``estimate_cells``.
 
-Seconds come from two things only: the tokens each cell computes (``estimate_work``) and
-this machine's rates (``kvmap.hardware`` profile: the matrix-product rate at a prefill
-shape in the model's dtype, or its weight kernel's; the read bandwidth), through a small
-roofline with constants calibrated on measured cells (``Calibration``; how: docs/bench.md,
-"The estimate"):
+Seconds come from the tokens each cell computes (``estimate_work``) through the roofline
+of ``kvmap.perf`` (shape x rates x the calibration of this machine's class and the
+model's dtype: ``kvmap.perf.calibration``), plus the fixed costs that calibration
+measured, in seconds, never scaled by compute speed:
 
-    prefill  = tokens x FLOP/token / (R x e_prefill) + pairs x attention FLOP/pair / (R x e_attn)
-               + chunks x step overhead
-    decode   = f[codec] x (steps x (weights / (bandwidth x e_stream) + step overhead)
-               + tokens x FLOP/token / (R x e_batch) + pairs x attention FLOP/pair / (R x e_kv))
-    fixed    = start (a fresh process, or a fork of a warm worker) + engine build per pass
-               + the checklist probes (once per configuration)
+    cell     = cell_s (a warm worker's fork: build, setup, store) or, cold, start_s +
+               weights / load rate + cell_s; + an extra build per further pass
+               + probes_s (the checklist probes, once per configuration)
+               + prefill + decode (``kvmap.perf.roofline``)
+    run      = run_s (the CLI, thread-policy probe, estimate, report) + worker_s per model
 
-(f[codec]: what a quantized cache's quantize and dequantize operators add to a decode
-step, measured against the compute dtype's cache.) R is the profile's rate, so a
-machine whose products run twice as fast is estimated twice as fast; the overheads
-(Python, operator dispatch) scale by the ratio of its fp32 rate to the calibration
-machine's. On the calibration machine's own CPU the calibration's rates are used (the
-cached profile is one measurement, taken under whatever load there was). The profile
-does not see the load of the moment either: every term is then multiplied by
-``slowdown``, the
-decode-step proxy measured at the run's start (``kvmap.hardware.threads``, the probe
-that picks the cells' OpenMP wait policy) over the proxy during calibration. A machine
-shared with other jobs is estimated as slow as it runs.
+On the calibration's own class the speed comes from its reference rates; off it, from
+the profile's rates, once. The load of the moment: on its own class every term is
+multiplied by ``slowdown``, the decode-step proxy measured at the run's start
+(``kvmap.hardware.threads``) over the proxy during calibration; off its class the proxy
+would count the other class's speed a second time, so ``slowdown`` is 1 and the runner's
+re-plan after the first cells (``bench.replan``) corrects what the estimate missed.
 
 An estimate is a planning figure: the record keeps it beside the cell's actual wall time
 (``estimate``: ``estimate_s``, ``actual_s``) so its error is in every run.
@@ -31,103 +24,14 @@ An estimate is a planning figure: the record keeps it beside the cell's actual w
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvmap.bench.cellspec import CellSpec, Scenario
 from kvmap.bench.estimate_work import Pool, Work, task_work, workload_work
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The estimator's constants (efficiencies are fractions of the profile's rate).
-
-    Fitted by ``benchmarks/estimate_calibration.py`` on the calibration machine (its fp32
-    prefill rate is ``reference_fp32_flops``): the values are ``--refit`` of the record
-    ``source`` by that script's fit; ``probes_s`` and ``run_s`` from the quick runs of
-    docs/bench.md ("The estimate")."""
-
-    e_prefill: float = 1.13          # linear layers of a prefill chunk
-    e_attn: float = 0.79             # prefill attention (causal, unfused)
-    e_batch: float = 1.02            # the batch's linear FLOPs in a decode step
-    e_kv: float = 0.032              # decode attention over the cache (paged reads)
-    e_stream: float = 1.37           # weights streamed in a decode step, over the read probe
-    step_overhead_s_per_layer: float = 0.00032  # dispatch of one layer's operators, a step
-    decode_factor: tuple = (("fp", 1.0), ("int8", 1.10), ("int4", 1.31), ("other", 1.2))
-    start_s: float = 4.39            # a fresh cell process: interpreter, torch, kvmap imports
-    fork_s: float = 0.3              # a cell forked from a warm worker
-    build_bytes_per_s: float = 4.5e8  # engine build per pass (weights packed, pool allocated)
-    load_bytes_per_s: float = 2.6e9  # weights read from the cache (a fresh process only)
-    probes_s: float = 6.5            # the probes' fixed part: their time less their compute
-    run_s: float = 22.0              # once per run: thread-policy probe, report, summary
-    reference_cpu: str = "Intel(R) Xeon(R) Processor @ 2.80GHz"
-    reference_fp32_flops: float = 5.56e10      # measured with the timings
-    reference_bandwidth: float = 4.55e9
-    reference_step_s: float = 0.0464  # the decode-step proxy meanwhile (wait policy PASSIVE)
-    source: str = "benchmarks/results/estimate_calibration-20261203-234152.json"
-
-    def decode_factor_of(self, codec: str) -> float:
-        table = dict(self.decode_factor)
-        family = "fp" if codec in ("fp32", "bf16", "fp16") else codec
-        return table.get(family, table["other"])
-
-
-CALIBRATION = Calibration()
-
-
-@dataclass(frozen=True)
-class ModelCost:
-    """What a token costs in one model: FLOPs and bytes from its shape."""
-
-    prefill_flop: float              # per prompt token (no output head: last position only)
-    decode_flop: float               # per decoded token (with the output head)
-    attn_flop_per_pair: float        # QK^T and AV of one (query, cached key) pair, all layers
-    weight_bytes: float              # streamed once per decode step
-    num_layers: int
-
-    @classmethod
-    def of(cls, config, dtype: str, quantization: str | None = None) -> ModelCost:
-        h, hd = config.hidden_size, config.head_dim
-        per_layer = (h * config.num_heads * hd * 2 + h * config.num_kv_heads * hd * 2
-                     + 3 * h * config.intermediate_size)
-        head = h * config.vocab_size
-        width = {"int8": 1.0, "w8a8": 1.0, "int4": 0.5}.get(quantization or "", None) or \
-            {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}.get(dtype, 2.0)
-        return cls(prefill_flop=2.0 * per_layer * config.num_layers,
-                   decode_flop=2.0 * (per_layer * config.num_layers + head),
-                   attn_flop_per_pair=4.0 * config.num_heads * hd * config.num_layers,
-                   weight_bytes=(per_layer * config.num_layers + head) * width,
-                   num_layers=config.num_layers)
-
-
-@dataclass(frozen=True)
-class Rates:
-    """This machine's rates for one model entry (FLOP/s, bytes/s), from its profile."""
-
-    flops: float                     # prefill-shaped product in the model's dtype / format
-    read_bytes_per_s: float
-    speed: float                     # fp32 rate over the calibration machine's
-
-    @classmethod
-    def of(cls, rates: dict | None, dtype: str, quantization: str | None,
-           calibration: Calibration = CALIBRATION, cpu_model: str | None = None) -> Rates:
-        """From a profile's ``rates`` (None: the calibration machine's own); on the
-        calibration's CPU (``cpu_model``) rescaled to the calibration's own fp32 rate and
-        bandwidth, the dtype and kernel ratios kept (module docstring)."""
-        ref = calibration.reference_fp32_flops
-        if not rates:
-            return cls(ref, calibration.reference_bandwidth, 1.0)
-        dense = rates.get("matmul_flops") or {}
-        fp32 = (dense.get("fp32") or {}).get("prefill") or ref
-        flops = (dense.get(dtype) or {}).get("prefill") or fp32
-        if quantization:
-            kernels = (rates.get("weight_kernels") or {}).get(quantization) or {}
-            found = [v.get("prefill") for v in kernels.values()
-                     if isinstance(v, dict) and v.get("prefill")]
-            flops = max(found) if found else flops
-        bandwidth = rates.get("read_bandwidth_bytes_per_s") or calibration.reference_bandwidth
-        if cpu_model is not None and cpu_model == calibration.reference_cpu:
-            return cls(flops * ref / fp32, calibration.reference_bandwidth, 1.0)
-        return cls(flops, bandwidth, fp32 / ref)
+from kvmap.perf.calibration import CALIBRATION, Calibration, calibration_for
+from kvmap.perf.rates import Rates
+from kvmap.perf.roofline import seconds_of
+from kvmap.perf.shape import StepShape
 
 
 @dataclass(frozen=True)
@@ -148,45 +52,35 @@ def family_of(cell: CellSpec) -> str:
     return cell.workload.name if cell.workload is not None else cell.task.name
 
 
-def seconds_of(work: Work, cost: ModelCost, rates: Rates, codec: str, chunk_tokens: int,
-               cal: Calibration = CALIBRATION) -> tuple[float, float]:
-    """``(prefill_s, decode_s)`` of ``work`` (module docstring)."""
-    overhead = cal.step_overhead_s_per_layer * cost.num_layers / rates.speed
-    chunks = work.prefill_tokens / max(1, chunk_tokens) + work.num_requests
-    prefill = (work.prefill_tokens * cost.prefill_flop / (rates.flops * cal.e_prefill)
-               + work.prefill_pairs * cost.attn_flop_per_pair / (rates.flops * cal.e_attn)
-               + chunks * overhead)
-    decode = cal.decode_factor_of(codec) * (
-        work.decode_steps * (cost.weight_bytes / (rates.read_bytes_per_s * cal.e_stream)
-                             + overhead)
-        + work.decode_tokens * cost.decode_flop / (rates.flops * cal.e_batch)
-        + work.decode_pairs * cost.attn_flop_per_pair / (rates.flops * cal.e_kv))
-    return prefill * work.passes, decode * work.passes
-
-
 class Estimator:
-    """Estimates cells of one run on this machine (``rates``: the profile's; None: the
-    calibration machine's). ``warm``: cells fork from a warm worker (the local backend)."""
+    """Estimates cells of one run on this machine: ``rates`` (the profile's; None: the
+    calibration's own), ``hw`` (the ``HardwareProfile`` whose class picks each dtype's
+    calibration; None: ``calibration`` for every dtype). ``warm``: cells fork from a warm
+    worker (the local backend)."""
 
     def __init__(self, rates: dict | None, warm: bool = True,
                  calibration: Calibration = CALIBRATION, slowdown: float = 1.0,
-                 cpu_model: str | None = None):
+                 hw=None):
         if not slowdown > 0:
             raise ValueError(f"slowdown={slowdown!r} must be > 0")
         self.rates, self.warm, self.cal, self.slowdown = rates, warm, calibration, slowdown
-        self.cpu_model = cpu_model
+        self.hw = hw
         self._configs: dict = {}
 
+    def calibration_of(self, dtype: str) -> Calibration:
+        return calibration_for(self.hw, dtype) if self.hw is not None else self.cal
+
     def _model(self, cell: CellSpec):
+        """``(config, shape, rates, calibration)`` of the cell's model entry."""
         key = (cell.model.name, cell.model.dtype, cell.model.quantization)
         if key not in self._configs:
             from kvmap.model.loader import model_config_of
             config = model_config_of(cell.model.name, cell.model.dtype)
-            self._configs[key] = (config, ModelCost.of(config, cell.model.dtype,
+            cal = self.calibration_of(cell.model.dtype)
+            self._configs[key] = (config, StepShape.of(config, cell.model.dtype,
                                                        cell.model.quantization),
                                   Rates.of(self.rates, cell.model.dtype,
-                                           cell.model.quantization, self.cal,
-                                           self.cpu_model))
+                                           cell.model.quantization, cal), cal)
         return self._configs[key]
 
     def _pool(self, cell: CellSpec, config) -> Pool:
@@ -205,29 +99,24 @@ class Estimator:
 
     def cell(self, cell: CellSpec, probes: bool = True) -> CellEstimate:
         """The estimate of one cell (``probes``: it runs the checklist probes)."""
-        config, cost, rates = self._model(cell)
+        config, shape, rates, cal = self._model(cell)
         codec = self.codec_of(cell) if cell.endpoint is None else "other"
         pool = self._pool(cell, config) if cell.endpoint is None else Pool(1 << 20, 1 << 10)
         chunk = cell.engine.max_num_batched_tokens
 
         def alone_s(work: Work) -> float:
-            return sum(seconds_of(work, cost, rates, codec, chunk, self.cal)) * self.slowdown
+            return sum(seconds_of(work, shape, rates, codec, chunk, cal)) * self.slowdown
 
         work = workload_work(cell, pool, alone_s) if cell.workload is not None \
             else task_work(cell, pool)
-        prefill, decode = seconds_of(work, cost, rates, codec, chunk, self.cal)
-        overhead = 1.0 / rates.speed
-        parts = {"start": (self.cal.fork_s if self.warm else self.cal.start_s) * overhead,
-                 "build": work.passes * cost.weight_bytes / self.cal.build_bytes_per_s
-                 * overhead, "prefill": prefill, "decode": decode}
-        if not self.warm:
-            parts["build"] += work.passes * cost.weight_bytes / self.cal.load_bytes_per_s
+        prefill, decode = seconds_of(work, shape, rates, codec, chunk, cal)
+        start = cal.cell_s if self.warm else \
+            cal.cell_s + cal.start_s + shape.weight_bytes / cal.load_bytes_per_s
+        parts = {"start": start,
+                 "build": (work.passes - 1) * shape.weight_bytes / cal.build_bytes_per_s,
+                 "prefill": prefill * work.passes, "decode": decode * work.passes}
         if cell.workload is not None and probes:
-            from kvmap.bench.estimate_work import batch_work
-            probe_work = batch_work(1, 96, 12, 1) + batch_work(4, 157, 12, 4) \
-                + batch_work(1, 64, 6, 1)
-            parts["probes"] = self.cal.probes_s * overhead + sum(
-                seconds_of(probe_work, cost, rates, codec, chunk, self.cal))
+            parts["probes"] = cal.probes_s
         parts = {k: v * self.slowdown for k, v in parts.items()}
         busy = sum(v for k, v in parts.items() if k in ("prefill", "decode"))
         if work.floor_s > busy:                 # an open loop waits for its schedule
@@ -235,20 +124,27 @@ class Estimator:
         return CellEstimate(cell.cell_id, family_of(cell), sum(parts.values()), parts, work)
 
     def run_overhead_s(self, cells: list[CellSpec]) -> float:
-        """What a run pays besides its cells: the thread-policy probe, the report, and a
-        warm worker's start (imports and weights) per model."""
-        models = {(c.model.name, c.model.dtype) for c in cells if c.endpoint is None}
-        starts = 0.0
-        if self.warm:
-            for c in cells:
-                key = (c.model.name, c.model.dtype)
-                if key in models:
-                    models.discard(key)
-                    _, cost, rates = self._model(c)
-                    starts += (self.cal.start_s / rates.speed
-                               + cost.weight_bytes / self.cal.load_bytes_per_s)
-        return (self.cal.run_s + starts) * self.slowdown
+        """What a run pays besides its cells: the CLI, the thread-policy probe, the
+        estimate and the report (the largest ``run_s`` among its models' calibrations)."""
+        cals = [self._model(c)[3] for c in cells if c.endpoint is None] or [self.cal]
+        return max(cal.run_s for cal in cals) * self.slowdown
 
+    def with_workers(self, specs: list[CellSpec], out: list[CellEstimate]
+                     ) -> list[CellEstimate]:
+        """``out`` with a warm worker's start (``worker``: imports and weights) on the
+        first cell of each model, where the run pays it (nothing when cold)."""
+        if not self.warm:
+            return out
+        seen: set = set()
+        for k, (spec, est) in enumerate(zip(specs, out)):
+            key = (spec.model.name, spec.model.dtype, spec.model.quantization)
+            if spec.endpoint is not None or key in seen:
+                continue
+            seen.add(key)
+            extra = self._model(spec)[3].worker_s * self.slowdown
+            out[k] = replace(est, seconds=est.seconds + extra,
+                             parts={**est.parts, "worker": extra})
+        return out
 
     def search(self, scenario: Scenario, template: CellSpec,
                probes: bool = False) -> list[CellEstimate]:
@@ -276,7 +172,7 @@ class Estimator:
         for c in cells:
             if c.workload is None or c.workload.name != entry.name or c.endpoint is not None:
                 continue
-            config, _, _ = self._model(c)
+            config = self._model(c)[0]
             spec = entry.spec(c.seed)
             kept = spec.prompt_len.mean_tokens * kept_fraction(c.kv, c.model.dtype)
             out.append(self._pool(c, config).tokens / (kept + spec.output_len.mean_tokens))
@@ -327,8 +223,8 @@ def estimate_cells(cells: list[CellSpec], rates: dict | None = None, warm: bool 
     """Every cell's estimate and the run's (see the module docstring)."""
     est = Estimator(rates, warm, calibration, slowdown)
     probing = probe_cells(cells)
-    return RunEstimate(tuple(est.cell(c, c.cell_id in probing) for c in cells),
-                       est.run_overhead_s(cells))
+    out = est.with_workers(cells, [est.cell(c, c.cell_id in probing) for c in cells])
+    return RunEstimate(tuple(out), est.run_overhead_s(cells))
 
 
 def estimate_run(scenario: Scenario, est: Estimator) -> RunEstimate:
@@ -337,28 +233,25 @@ def estimate_run(scenario: Scenario, est: Estimator) -> RunEstimate:
     probing = probe_cells(cells)
     out = [est.cell(c, c.cell_id in probing) for c in cells]
     probed = {(c.model.label, c.model.dtype, c.kv) for c in cells if c.workload is not None}
+    specs = list(cells)
     for template in scenario.searches():
         key = (template.model.label, template.model.dtype, template.kv)
-        out += est.search(scenario, template, probes=key not in probed)
+        found = est.search(scenario, template, probes=key not in probed)
+        out += found
+        specs += [template] * len(found)
         probed.add(key)
-    return RunEstimate(tuple(out), est.run_overhead_s(cells + scenario.searches()))
-
-
-def machine_rates() -> tuple[dict | None, str]:
-    """This machine's measured rates (the cached profile, measured now if missing) and
-    its CPU model."""
-    from kvmap.hardware import profile
-    hw = profile()
-    return hw.rates, hw.cpu.model_name
+    out = est.with_workers(specs, out)
+    return RunEstimate(tuple(out), est.run_overhead_s(specs))
 
 
 SLOWDOWN_ENV = "KVMAP_BENCH_SLOWDOWN"
 
 
 def current_slowdown(settings, calibration: Calibration = CALIBRATION) -> float:
-    """The decode-step proxy now over the calibration's (module docstring), from the
-    run's thread settings (``kvmap.hardware.threads.choose``; measured now when they
-    were not): above 1 on a machine busier (or slower) than at calibration.
+    """The decode-step proxy now over the calibration's (module docstring), under the
+    calibration's OpenMP wait policy (taken from the run's thread settings,
+    ``kvmap.hardware.threads.choose``, when they measured it; else measured now): above 1
+    on a machine busier than at calibration. 1.0 off the calibration's class.
     ``KVMAP_BENCH_SLOWDOWN`` gives it instead (tests: no measurement)."""
     import os
     given = os.environ.get(SLOWDOWN_ENV)
@@ -370,15 +263,17 @@ def current_slowdown(settings, calibration: Calibration = CALIBRATION) -> float:
         if not value > 0:
             raise ValueError(f"{SLOWDOWN_ENV}={given!r} must be a number > 0")
         return value
+    if not calibration.same_class:
+        return 1.0
     import statistics
 
     from kvmap.hardware.threads import step_time_s
     # one short probe is noisy on a shared machine: the median of three
-    seen = [s for s in [(settings.step_s or {}).get(settings.wait_policy)] if s is not None]
-    seen += [step_time_s(settings.wait_policy, settings.num_threads, rounds=1)
-             for _ in range(3 - len(seen))]
+    policy = calibration.wait_policy
+    seen = [s for s in [(settings.step_s or {}).get(policy)] if s is not None]
+    seen += [step_time_s(policy, settings.num_threads, rounds=1) for _ in range(3 - len(seen))]
     return statistics.median(seen) / calibration.reference_step_s
 
 
-__all__ = ["CALIBRATION", "Calibration", "CellEstimate", "Estimator", "ModelCost", "Rates",
-           "RunEstimate", "current_slowdown", "estimate_cells", "estimate_run", "machine_rates"]
+__all__ = ["CellEstimate", "Estimator", "RunEstimate", "current_slowdown", "estimate_cells",
+           "estimate_run"]

@@ -42,6 +42,7 @@ class LocalBackend(CellBackend):
     ``run_cell_process``); an exception from it is stored as the cell's failure."""
 
     name = "local"
+    reads_todo_lazily = True
 
     def __init__(self, run_cell: Callable | None = None):
         self.run_cell = run_cell or run_cell_process

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from kvmap.bench.budget import (BudgetPlan, check_only, parse_duration, replay,
                                 size_to_budget)
 from kvmap.bench.cellspec import Scenario
-from kvmap.bench.estimate import (Estimator, RunEstimate, current_slowdown, estimate_run,
-                                  machine_rates)
+from kvmap.bench.estimate import Estimator, RunEstimate, current_slowdown, estimate_run
 
 BUILTIN_BUDGETS = {"builtin:default": "40m", "builtin:quick": "3m"}
 
@@ -27,10 +26,13 @@ class Preflight:
     plan: BudgetPlan | None
     slowdown: float
     wait_policy: str
+    calibration: str = ""            # the record of this class's calibration (its source)
+    replanner: object = None         # ``bench.replan.Replanner`` for the run (a budget's)
 
     def lines(self) -> list[str]:
-        out = [f"estimate on this machine (decode-step proxy {self.slowdown:.2f}x the "
-               f"calibration's, OpenMP wait policy {self.wait_policy}):",
+        out = [f"estimate on this machine (calibration {self.calibration}; decode-step "
+               f"proxy {self.slowdown:.2f}x the calibration's, OpenMP wait policy "
+               f"{self.wait_policy}):",
                *self.estimate.lines()]
         if self.plan is not None:
             out += self.plan.lines()
@@ -38,7 +40,7 @@ class Preflight:
 
     def to_dict(self) -> dict:
         return {"estimate_s": round(self.estimate.seconds, 1), "slowdown": self.slowdown,
-                "wait_policy": self.wait_policy,
+                "wait_policy": self.wait_policy, "calibration": self.calibration,
                 "by_family_s": {f: round(s, 1) for f, (_, s)
                                 in self.estimate.by_family().items()},
                 **({"budget": self.plan.to_dict()} if self.plan is not None else {})}
@@ -63,14 +65,18 @@ def preflight(scenario: Scenario, budget: str | None = None, sizing: bool = True
     from kvmap.hardware.threads import choose
     budget_s = budget_of(scenario, budget)
     settings = choose(given=os.environ.get("KVMAP_CELL_OMP_WAIT_POLICY"))
-    slowdown = current_slowdown(settings)
-    rates, cpu_model = machine_rates()
-    est = Estimator(rates, warm=warm, slowdown=slowdown, cpu_model=cpu_model)
+    from kvmap.hardware import profile
+    from kvmap.perf.calibration import calibration_for
+    hw = profile()
+    cal = calibration_for(hw, hw.auto_dtype("cpu"))
+    slowdown = current_slowdown(settings, cal)
+    est = Estimator(hw.rates, warm=warm, slowdown=slowdown, hw=hw)
 
     def estimate(s: Scenario) -> RunEstimate:
         return estimate_run(s, est)
 
     written = estimate(scenario)
+    written_scenario = scenario
     plan = None
     cells = scenario.cells() + scenario.searches()
     if stored is not None:
@@ -82,4 +88,17 @@ def preflight(scenario: Scenario, budget: str | None = None, sizing: bool = True
             else check_only(scenario, budget_s, written)
         scenario = plan.scenario
     final = estimate(scenario) if plan is not None and plan.scale < 1 else written
-    return Preflight(scenario, final, plan, slowdown, settings.wait_policy)
+    replanner = None
+    if plan is not None and plan.minimum_estimate_s is not None:
+        from kvmap.bench.budget import knobs
+        from kvmap.bench.replan import replanner_of
+        every = knobs(written_scenario, lambda w: est.pool_requests(cells, w))
+        values = {k: dict(((c.name, c.key), v) for c, v in plan.cuts).get((k.name, k.key),
+                                                                          k.written)
+                  for k in every}
+        replanner = replanner_of(written_scenario, every, values, plan.budget_s, estimate,
+                                 final, {c.cell_id for c in scenario.cells()})
+    return Preflight(scenario, final, plan, slowdown, settings.wait_policy,
+                     f"{cal.machine_class}/{cal.dtype}"
+                     f"{'' if cal.same_class else ' (another class)'}: {cal.source}",
+                     replanner)

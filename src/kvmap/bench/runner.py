@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -123,7 +123,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  show_progress: bool = True, command: list[str] | None = None,
                  backend: str | CellBackend = "local", address: str | None = None,
                  cells: list[CellSpec] | None = None, estimate=None,
-                 searches: bool | None = None, predict=None) -> RunResult:
+                 searches: bool | None = None, predict=None, replan=None) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
@@ -133,7 +133,11 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time.
     Without ``cells`` (or with ``searches=True``), the scenario's ``arrival: auto``
     searches run after its cells (``search_backend``). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
-    its cell's estimate beside its actual wall time (``estimate``), and the ETA uses it."""
+    its cell's estimate beside its actual wall time (``estimate``), and the ETA uses it.
+    ``replan`` (``bench.replan.Replanner``): after each cell, the cells not started yet
+    are re-sized when the run is off its budget's course (a backend that
+    ``reads_todo_lazily`` only: the others have their cells already); run.json's
+    ``replan`` says what it did."""
     t_start = time.perf_counter()
     console = console or Console(stderr=True)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(scenario)
@@ -150,8 +154,10 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:
+        if not backend.reads_todo_lazily or estimate is None:
+            replan = None
         return _run_cells(scenario, cells, run_dir, backend, console, retry_failed,
-                          show_progress, command, t_start, settings, estimate)
+                          show_progress, command, t_start, settings, estimate, replan)
 
 
 @contextmanager
@@ -182,7 +188,7 @@ def _thread_settings(backend: CellBackend, console: Console):
 def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend: CellBackend,
                console: Console, retry_failed: bool, show_progress: bool,
                command: list[str] | None, t_start: float, settings=None,
-               estimate=None) -> RunResult:
+               estimate=None, replan=None) -> RunResult:
     store, resumed = RunStore.open_for(run_dir, scenario, scenario_text(scenario), command)
     store.clear_work()          # a killed run's cell files (a spec may name secrets' places)
     stored = {c.cell_id: c for c in store.cells()}
@@ -222,7 +228,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                 if result.log is not None:
                     store.write_log(cell.cell_id, result.log)
                 t_cell = started.pop(cell.cell_id, t_run)
-                _beside_estimate(record, estimate, cell, time.perf_counter() - t_cell)
+                _beside_estimate(record, estimate, cell, wall_s := time.perf_counter() - t_cell)
                 write_timeseries(store.dir, record)     # the series goes beside the rows
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
@@ -242,10 +248,14 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                     error = redact_spec(str(record.error) or "?").splitlines()[0][:300]
                     console.print(f"    [red]{escape(error)}[/]"
                                   f"  (log: {escape(str(store.log_path(cell.cell_id)))})")
+                if replan is not None:
+                    estimate = _replan(replan, scenario, todo, n, estimate, eta, wall_s,
+                                       time.perf_counter() - t_start, console)
             progress.update(current, visible=False)
     finally:
         store.finalize(interrupted=num_ran < len(todo), backend=backend.describe(),
-                       thread_settings=settings and settings.to_dict())
+                       thread_settings=settings and settings.to_dict(),
+                       **({"replan": replan.to_dict()} if replan is not None else {}))
         try:
             store.work_dir.rmdir()                 # only when empty
         except OSError:
@@ -255,6 +265,35 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                      num_skipped=len(cells) - len(todo),
                      num_failed=sum(c.status == "failed" for c in records), resumed=resumed,
                      duration_s=time.perf_counter() - t_start)
+
+
+def _replan(replan, scenario: Scenario, todo: list, num_done: int, estimate, eta: _Eta,
+            wall_s: float, elapsed_s: float, console: Console):
+    """Time the cell just done into ``replan`` and, when the run is off course, re-size
+    the cells not started yet (``todo[num_done:]``, replaced in place: the local backend
+    reads the list as it goes); the estimate the rest of the run uses."""
+    cell = todo[num_done - 1][1]
+    est = estimate.of(cell.cell_id) if estimate is not None else None
+    replan.cell_done(est.seconds if est is not None else None, wall_s)
+    index = {c.cell_id: i for i, c in enumerate(scenario.cells())}
+    rest = [(k, index[c.cell_id]) for k, (_, c) in enumerate(todo)
+            if k >= num_done and c.cell_id in index]
+    plan, new = replan.after(elapsed_s, [i for _, i in rest])
+    if plan is None:
+        return estimate
+    console.print(escape(plan.line()))
+    added = []
+    for k, i in rest:
+        ordinal, old = todo[k]
+        cell, cell_est = new[i]
+        todo[k] = (ordinal, cell)
+        if old in eta.remaining:
+            eta.remaining[eta.remaining.index(old)] = cell
+        if cell_est is not None:
+            added.append(cell_est)
+    estimate = replace(estimate, cells=tuple(estimate.cells) + tuple(added))
+    eta.estimate = estimate
+    return estimate
 
 
 def _progress(console: Console, show_progress: bool) -> Progress:

@@ -14,8 +14,8 @@ from kvmap.kv.layer_pool import per_layer_tables_blocker
 from kvmap.kv.spec import KVGeometry
 from kvmap.plan import capacity
 from kvmap.plan.catalogue import GPU, PlanModel
+from kvmap.perf.weights import weight_bytes
 from kvmap.plan.layer_kind_plan import context_limit_notes, layer_kind_figures, layout_notes
-from kvmap.plan.weights import weight_bytes
 
 
 @dataclass(frozen=True)

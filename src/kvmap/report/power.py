@@ -76,7 +76,7 @@ def budget_lines(metadata: dict) -> list[str]:
     """What the budget cut and left out (none: the run was not sized)."""
     plan = (metadata.get("preflight") or {}).get("budget")
     if not plan:
-        return []
+        return replan_lines(metadata)
     out = [f"time budget {plan['budget_s'] / 60:.1f} min: estimate "
            f"{plan['estimate_s'] / 60:.1f} min (as written {plan['written_estimate_s'] / 60:.1f})"]
     for cut in plan.get("cuts") or []:
@@ -86,6 +86,22 @@ def budget_lines(metadata: dict) -> list[str]:
         out.append(f"  left out {left['cell_id']}: {left['reason']}")
     if len(out) == 1:
         out.append("  nothing cut: the run as written fits")
+    return out + replan_lines(metadata)
+
+
+def replan_lines(metadata: dict) -> list[str]:
+    """The re-plans after the first cells (run.json ``replan``, ``bench.replan``): how far
+    off the estimate was and what the run cut from the cells that had not run yet."""
+    replan = metadata.get("replan")
+    if not replan:
+        return []
+    out = [f"  actual / estimate over {replan['cells_timed']} cells: {replan['ratio']:.2f}"]
+    for r in replan.get("replans") or []:
+        cuts = "; ".join(f"{c['name'].split('#')[0]} {c['key']} {c['before']} -> {c['after']}"
+                         for c in r["cuts"]) or "nothing cut"
+        out.append(f"  re-plan after {r['after_cells']} cells (actual / estimate "
+                   f"{r['ratio']:.2f}): projected {r['projected_s'] / 60:.1f} min -> "
+                   f"{r['planned_s'] / 60:.1f} min; the cells not yet run: {cuts}")
     return out
 
 

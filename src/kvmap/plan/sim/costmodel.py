@@ -47,7 +47,7 @@ from kvmap.plan import capacity
 from kvmap.plan.catalogue import PlanModel
 from kvmap.plan.sim.hardware import Hardware
 from kvmap.plan.sim.kvcost import KVCosts
-from kvmap.plan.weights import weight_bytes
+from kvmap.perf.weights import weight_bytes
 
 ACTIVATION_BYTES = 2        # bf16 activations in the tensor-parallel all-reduce
 

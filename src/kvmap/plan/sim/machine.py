@@ -26,11 +26,11 @@ import json
 import os
 from pathlib import Path
 
+from kvmap.perf.shape import DENSE_BYTES as DTYPE_BYTES
 from kvmap.plan.sim.hardware import Hardware, TierHardware
 from kvmap.plan.sim.kvcost import KVCosts
 
 THIS_MACHINE = "cpu-this-machine"
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 REFRESH = "measure it with `kvmap hw --refresh`"
 
 

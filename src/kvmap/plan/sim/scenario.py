@@ -50,7 +50,7 @@ from kvmap.plan.catalogue import get_model
 from kvmap.plan.sim.config import PREFETCH_MODES, EngineSettings, SimConfig
 from kvmap.plan.sim.hardware import TIER_PRESETS, Hardware, TierHardware, gpu_hardware
 from kvmap.plan.sim.kvcost import FIXED, PER_TOKEN, KVCosts
-from kvmap.plan.weights import WEIGHT_FORMATS
+from kvmap.perf.weights import BYTE_RULES
 from kvmap.workloads.options import WORKLOAD_KEYS, workload_spec
 
 THIS_MACHINE = "cpu-this-machine"
@@ -266,8 +266,8 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
     section("engine", parse_engine, EngineSettings())
 
     def weights(v: Any) -> str:
-        if str(v).lower() not in WEIGHT_FORMATS:
-            raise ValueError(f"weights={v!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        if str(v).lower() not in BYTE_RULES:
+            raise ValueError(f"weights={v!r} is not one of {', '.join(BYTE_RULES)}")
         return str(v).lower()
 
     hw = parts.get("hardware")

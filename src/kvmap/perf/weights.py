@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 
 from kvmap.model.shapes import weight_shapes
-from kvmap.plan.catalogue import PlanModel
 
 BF16_BYTES = 2
 INT4_GROUP_SIZE = 32           # the engine's group (model/wquant.py)
@@ -58,15 +57,16 @@ def _fp32(out_features: int, in_features: int) -> float:
     return 4 * out_features * in_features
 
 
-WEIGHT_FORMATS = {"fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8, "int4": _int4,
-                  "mxfp4": _mxfp4}
+# a serving format -> bytes of one linear weight of (out, in), scales included
+BYTE_RULES = {"fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "int8": _int8, "w8a8": _int8,
+              "int4": _int4, "mxfp4": _mxfp4}
 
 
 def _is_quantized_linear(name: str, shape: tuple[int, ...]) -> bool:
     return name.startswith("model.layers.") and name.endswith("_proj.weight") and len(shape) == 2
 
 
-def num_params(model: PlanModel) -> int:
+def num_params(model) -> int:
     """Every parameter, all experts counted (embeddings once when tied)."""
     if model.linear_params is not None:
         return model.linear_params + model.other_params
@@ -74,7 +74,7 @@ def num_params(model: PlanModel) -> int:
     return total + _extra_expert_params(model)
 
 
-def _extra_expert_params(model: PlanModel) -> int:
+def _extra_expert_params(model) -> int:
     """Parameters of the experts beyond the first, plus the router, over all layers."""
     if model.num_experts == 1:
         return 0
@@ -83,15 +83,15 @@ def _extra_expert_params(model: PlanModel) -> int:
     return c.num_layers * (per_layer + c.hidden_size * model.num_experts)
 
 
-def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
+def weight_bytes(model, fmt: str = "bf16") -> int:
     """Bytes of all weights in format ``fmt`` (``fp32 | bf16 | fp8 | int8 | w8a8 | int4 |
     mxfp4``), rounded up. A model of :mod:`kvmap.plan.hf_families` is counted from its
     parameter totals, its matrices at the format's bytes per weight for rows of
     ``hidden_size`` inputs."""
     key = fmt.strip().lower()
-    if key not in WEIGHT_FORMATS:
-        raise ValueError(f"weights={fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    linear = WEIGHT_FORMATS[key]
+    if key not in BYTE_RULES:
+        raise ValueError(f"weights={fmt!r} is not one of {', '.join(BYTE_RULES)}")
+    linear = BYTE_RULES[key]
     other_bytes = 4 if key == "fp32" else BF16_BYTES     # embeddings, norms, head, router
     c = model.config
     if model.linear_params is not None:     # a family counted from its own config: its
@@ -110,6 +110,24 @@ def weight_bytes(model: PlanModel, fmt: str = "bf16") -> int:
     return math.ceil(total + other_bytes * router_params)
 
 
+# ``LLM(quantization=...)`` (``kvmap.model.wquant.WEIGHT_FORMATS``, None: dense) -> bytes
+# of one (out, in) matrix as the engine holds it, with ``compute_bytes`` a value (a test
+# holds that every registered format has a rule)
+ENGINE_RULES = {None: lambda o, i, cb: o * i * cb,
+                "int8": lambda o, i, cb: o * i + o * cb,
+                "w8a8": lambda o, i, cb: o * i + o * 4,
+                "int4": lambda o, i, cb: o * i // 2 + (i // INT4_GROUP_SIZE) * o * 2 * cb}
+
+
+def streamed_weight_bytes(config, quantization: str | None = None,
+                          compute_bytes: int = BF16_BYTES) -> int:
+    """Bytes a decode step reads: the engine's weights (``engine_weight_bytes``) less an
+    embedding that is only looked up (one not shared with the output head)."""
+    looked_up = config.vocab_size * config.hidden_size * compute_bytes
+    shared = config.tie_word_embeddings and not quantization
+    return engine_weight_bytes(config, quantization, compute_bytes) - (0 if shared else looked_up)
+
+
 def engine_weight_bytes(config, quantization: str | None = None,
                         compute_bytes: int = BF16_BYTES, int4_from_gguf: bool = False) -> int:
     """Bytes of the weights kvmap's engine holds for ``LLM(quantization=...)`` with a
@@ -120,10 +138,8 @@ def engine_weight_bytes(config, quantization: str | None = None,
     runs them (the smoothing 1 / s of q|k|v and gate|up; w8a8's down in W8A16). ``int4_from_gguf``: int4 matrices
     read from a GGUF's Q4 blocks keep each layer's two RMSNorm weights (compute dtype)
     beside them, unfolded."""
-    per_format = {None: lambda o, i: o * i * compute_bytes,
-                  "int8": lambda o, i: o * i + o * compute_bytes,
-                  "w8a8": lambda o, i: o * i + o * 4,
-                  "int4": lambda o, i: o * i // 2 + (i // INT4_GROUP_SIZE) * o * 2 * compute_bytes}
+    per_format = {q: (lambda o, i, rule=rule: rule(o, i, compute_bytes))
+                  for q, rule in ENGINE_RULES.items()}
     if quantization not in per_format:
         raise ValueError(f"quantization={quantization!r} is not one of "
                          f"{', '.join(map(repr, per_format))}")
