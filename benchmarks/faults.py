@@ -15,8 +15,10 @@ correctness; this reports what the faults cost and counts what was detected).
 4. The shared pool (``tiers(redis=..., shared=true)``, issue 28): a process reads the
    prompts' blocks another one published, with the pool healthy, poisoned by a key
    holder (NaN sealed into every frame), overwritten with garbage by a writer without the
-   key, and paused (SIGSTOP) for the whole run; then a third process reads again (does
-   the pool heal?). Per case: tokens equal to a run without tiers, tokens fetched, the
+   key, its frames' headers forged by a writer without the key to claim another layout
+   (issue 38: refused for ever before the tag was checked first), and paused (SIGSTOP)
+   for the whole run; then a third process reads again (does the pool heal?). A
+   ``layout`` error in the forged case is a forged refusal (must be 0). Per case: tokens equal to a run without tiers, tokens fetched, the
    errors counted, and the engine thread's time inside the shared tier's calls
    (``get``, ``put``, ``discover``; its writes run on a thread of their own).
 
@@ -116,7 +118,8 @@ def shared_case(case: str, server: RedisServer) -> dict:
                                                                shared.PARAMS)]
     _, _, writer, known = shared.run()
     num_tampered = (shared.poison(server, writer, known) if case == "poisoned" else
-                    shared.garbage(server, writer) if case == "garbage" else 0)
+                    shared.garbage(server, writer) if case == "garbage" else
+                    shared.forge(server, writer) if case == "forged" else 0)
     llm = make_tiny_llm(kv=shared.SPEC)
     store = llm.engine.offload.store
     tier = store.levels[-1].tier
@@ -213,7 +216,7 @@ def main() -> None:
         tamper = {f"{where}/{how}": tamper_case(where, how, server, reference)
                   for where in ("disk", "redis") for how in TAMPERS}
         pool = {case: shared_case(case, server)
-                for case in ("healthy", "poisoned", "garbage", "paused")}
+                for case in ("healthy", "poisoned", "garbage", "forged", "paused")}
     finally:
         server.kill()
     kills = None if args.skip_kill else kill_runs(list(range(1, args.seeds + 1)))
@@ -244,10 +247,12 @@ def main() -> None:
                   f"cells + {r['extra_s']:.2f} s ({r['cells_stored_at_kill']} stored); "
                   f"lost {r['cells_lost']}, differing {r['cells_differing']}, tokens "
                   f"equal {r['tokens_equal']}")
-    path = write_record("faults", {"seeds": args.seeds, "model": "dummy:tiny",
+    forged = pool["forged"]["tier_errors"].get("layout", 0)
+    print(f"\nforged refusals (layout errors from forged headers): {forged}")
+    path = write_record("faults", {"seeds": args.seeds, "model": "dummy:tiny", "dtype": "fp32",
                                    "num_blocks": NUM_BLOCKS},
                         {"redis": redis, "tampering": tamper, "shared_pool": pool,
-                         "kill_resume": kills})
+                         "kill_resume": kills, "num_forged_refusals": forged})
     print(f"\nrecord: {path.relative_to(ROOT)}")
 
 

@@ -19,11 +19,19 @@ Against ``kvmap serve`` in a child process (default: the embedded SmolLM2-135M; 
   decode steps), not by the size of a request. To compare, ``step_probe`` prefills the
   same expensive prompts in-process, alone, with the server's engine settings, and
   records the longest engine step (``expensive.probe_longest_step_s``) and the test's
-  bound, 3 x that + 1 s (``expensive.gap_bound_s``).
+  bound, 3 x that + 1 s (``expensive.gap_bound_s``);
+- **lockout** (issue 38): half-open connections (one header line, held) at twice the
+  server's request limit, then ``/health`` and a completion: any non-200 is a lockout;
+  and how many of those sockets the header timeout closed;
+- **refused**: thousands of requests refused for a lone surrogate (in ``cache_salt``,
+  the prompt, a chat message): the parameters their 400s named, the 5xx, and the
+  server's RSS before and after (a leak would grow it by ~9 KB a request).
+  The hostile bodies include lone surrogates too.
 
 Prints a table and writes one JSON record under ``benchmarks/results/``
 (``faults_server-*.json``; metrics keys: ``overload.*``, ``hostile.*``, ``expensive.*``,
-``requests_sent``, ``num_5xx``, ``num_wrong``). The fault tests themselves
+``lockout.*``, ``refused.*``, ``requests_sent``, ``num_5xx``, ``num_wrong``,
+``num_lockouts``). The fault tests themselves
 (``tests/server/test_faults.py``, ``test_expensive_bodies.py``) assert correctness and
 one generous, self-calibrated gap bound; the figures live here.
 """
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import threading
 import time
@@ -104,7 +113,19 @@ def hostile_bodies() -> list[tuple[str, bytes]]:
     out.append(("/v1/completions", ('{"prompt": ' + nested + "}").encode()))
     out.append(("/v1/chat/completions", json.dumps({"messages": [
         {"role": "user", "content": "z" * (3 * 2**20)}]}).encode()))
-    return out
+    return out + [(path, json.dumps(body).encode()) for path, body, _ in LONE_SURROGATES]
+
+
+# bodies with a lone surrogate, and the parameter their 400 must name (issue 38)
+LONE_SURROGATES = [
+    ("/v1/completions", {"prompt": "Once upon", "cache_salt": "tenant-\ud800"},
+     "cache_salt"),
+    ("/v1/completions", {"prompt": "Once \udfff upon"}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \udc00"}]},
+     "messages.0.content"),
+    ("/tokenize", {"prompt": "\ud83d"}, "prompt"),
+]
+HALF_A_REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"   # no blank line
 
 
 def expensive_bodies(prompt_tokens: int, vocab: int = 40_000, num_messages: int = 1024
@@ -213,6 +234,56 @@ async def hostile(url: str, max_tokens: int) -> dict:
             "largest_gap_s": busy[1], "num_chunks": busy[2]}
 
 
+def lockout(url: str, port: int, limit: int, header_timeout_s: float) -> dict:
+    """Half-open sockets at 2 x ``limit``; then a probe and a completion."""
+    import httpx
+    socks = []
+    for _ in range(2 * limit):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(HALF_A_REQUEST)
+        socks.append(sock)
+    try:
+        time.sleep(0.5)                  # the server has accepted them all
+        with httpx.Client(base_url=url, timeout=60) as c:
+            health = c.get("/health").status_code
+            completion = c.post("/v1/completions", json={"prompt": "Once upon a time",
+                                                         "max_tokens": 4}).status_code
+        deadline = time.monotonic() + header_timeout_s + 10
+        closed = 0
+        for sock in socks:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                closed += sock.recv(1) == b""
+            except OSError:
+                closed += 1
+    finally:
+        for sock in socks:
+            sock.close()
+    return {"half_open": 2 * limit, "limit": limit, "health_status": health,
+            "completion_status": completion,
+            "num_lockouts": (health != 200) + (completion != 200),
+            "closed_by_header_timeout": closed}
+
+
+async def refused(url: str, num: int) -> dict:
+    statuses, params = Counter(), Counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        async def one(i: int) -> None:
+            path, body, _ = LONE_SURROGATES[i % 3]
+            async with session.post(f"{url}{path}", data=json.dumps(body).encode(),
+                                    headers={"content-type": "application/json"}) as r:
+                statuses[r.status] += 1
+                out = await r.json(content_type=None)
+                params[(out.get("error") or {}).get("param")] += 1
+        for start in range(0, num, 64):
+            await asyncio.gather(*(one(i) for i in range(start, min(num, start + 64))))
+    named_right = sum(params[p] for _, _, p in LONE_SURROGATES[:3])
+    return {"requests_sent": num, "statuses": dict(statuses),
+            "params_named": {str(k): v for k, v in params.items()},
+            "num_misnamed": num - named_right,
+            "num_5xx": sum(v for k, v in statuses.items() if k >= 500)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -222,6 +293,8 @@ def main() -> None:
                         "bf16 (docs: CALIBRATION); the server's own default otherwise")
     parser.add_argument("--prompt-tokens", type=int, default=2000,
                         help="the scored prompt of the expensive case")
+    parser.add_argument("--refused", type=int, default=8000,
+                        help="requests refused for a lone surrogate (the leak case)")
     args = parser.parse_args()
     model = args.model or ("dummy:tiny" if args.quick else None)
     max_tokens = 16 if args.quick else 32
@@ -238,16 +311,24 @@ def main() -> None:
             load = asyncio.run(overload(server.url, args.max_queue, max_tokens))
         load["rss_start_bytes"], load["rss_peak_bytes"] = rss.samples[0], max(rss.samples)
         rough = asyncio.run(hostile(server.url, max_tokens * 4))
+        limit = args.max_queue + 8 + 64       # kvmap serve's default --limit-concurrency
+        locked = lockout(server.url, server.port, limit, 10.0)
+        process = psutil.Process(server.proc.pid)
+        rss_before = process.memory_info().rss
+        refusals = asyncio.run(refused(server.url, args.refused))
+        refusals.update(rss_before_bytes=rss_before, rss_after_bytes=process.memory_info().rss)
         costly = asyncio.run(expensive(server.url, 400 if args.quick else max_tokens * 48,
                                        prompt_tokens,
                                        args.quick))
     costly.update(step_probe(model, args.dtype, prompt_tokens, args.quick))
-    metrics = {"overload": load, "hostile": rough, "expensive": costly,
+    metrics = {"overload": load, "hostile": rough, "expensive": costly, "lockout": locked,
+               "refused": refusals,
                "requests_sent": load["requests_sent"] + rough["requests_sent"]
-               + costly["requests_sent"],
+               + costly["requests_sent"] + refusals["requests_sent"],
                "num_5xx": load["num_5xx_other_than_503"] + rough["num_5xx"]
-               + costly["num_5xx"],
-               "num_wrong": load["num_admitted_wrong"]}
+               + costly["num_5xx"] + refusals["num_5xx"],
+               "num_wrong": load["num_admitted_wrong"],
+               "num_lockouts": locked["num_lockouts"]}
     table = Table(title="kvmap serve under faults")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -275,6 +356,17 @@ def main() -> None:
                         "bound (3x + 1 s)",
                         f"{costly['probe_longest_step_s'] * 1e3:.0f}; "
                         f"{costly['gap_bound_s'] * 1e3:.0f}"),
+                       ("lockout: half-open sockets (2 x limit)", locked["half_open"]),
+                       ("lockout: /health, completion status",
+                        f"{locked['health_status']}, {locked['completion_status']}"),
+                       ("lockout: sockets closed by the header timeout",
+                        locked["closed_by_header_timeout"]),
+                       ("refused: requests, statuses", f"{refusals['requests_sent']}, "
+                                                       f"{refusals['statuses']}"),
+                       ("refused: params named", refusals["params_named"]),
+                       ("refused: RSS before / after MiB",
+                        f"{refusals['rss_before_bytes'] / 2**20:.0f} / "
+                        f"{refusals['rss_after_bytes'] / 2**20:.0f}"),
                        ("5xx seen (503 of the queue bound excluded)", metrics["num_5xx"])):
         table.add_row(key, str(value))
     Console().print(table)

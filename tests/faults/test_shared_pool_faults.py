@@ -6,6 +6,9 @@
 - **garbage**: a Redis writer without the key overwrites every value under the pool's
   names (frames and index entries) -- counted misses, never served, and replaced by the
   next process that computes the blocks, so a third process reads them again;
+- **forged**: a Redis writer without the key rewrites every frame's header to claim
+  another layout (issue 38: checked before the tag, this made every reader refuse the
+  block for its life) -- ``auth`` misses, never ``layout``, replaced like garbage;
 - **paused**: the shared Redis is stopped (SIGSTOP) while a process reads and writes
   through it -- every request completes;
 - **tenants**: requests with different ``cache_salt`` share no block.
@@ -96,6 +99,18 @@ def garbage(redis_server, writer) -> int:
     return len(frames) + len(entries)
 
 
+def forge(redis_server, writer) -> int:
+    """A writer without the key rewrites every frame's header fingerprint (another
+    layout), keeping the frame and its tag; the number of frames forged."""
+    client, frames = shared_values(redis_server, writer, b"b")
+    g = torch.Generator().manual_seed(7)
+    for name in frames:
+        sealed = client.get(name)
+        other = torch.randint(0, 256, (32,), generator=g, dtype=torch.uint8).numpy()
+        client.set(name, sealed[:8] + other.tobytes() + sealed[40:], keepttl=True)
+    return len(frames)
+
+
 def test_frames_poisoned_by_a_key_holder_are_refused_and_replaced(shared, reference):
     tokens, _, writer, known = run()
     assert tokens == reference and known
@@ -118,6 +133,21 @@ def test_garbage_from_a_writer_without_the_key_is_never_served(shared, reference
     tokens, store, tier, _ = run()      # replaced by the reader that recomputed them
     assert tokens == reference and store.stats.num_fetched_tokens > 0
     assert tier.stats.num_errors == 0
+
+
+def test_forged_headers_are_never_refused_for_ever(shared, reference):
+    tokens, _, writer, _ = run()
+    assert forge(shared, writer) > 0
+    tokens, store, tier, _ = run()
+    assert tokens == reference and store.stats.num_fetched_tokens == 0
+    assert tier.stats.errors["auth"] >= 1 and tier.stats.errors["layout"] == 0
+    # each reader replaces the first forged block of each prompt, which it recomputed
+    # (index entries are intact, so it reads no further): the pool heals block by block
+    first = tier.stats.errors["auth"]
+    tokens, store, tier, _ = run()
+    assert tokens == reference and tier.stats.errors["layout"] == 0
+    assert store.stats.num_fetched_tokens > 0 and tier.stats.errors["auth"] <= first
+    assert tier.stats.hits > 0
 
 
 def test_a_paused_shared_redis_loses_no_request(shared, reference):

@@ -18,6 +18,9 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvmap.server.header_timeout import header_timeout_protocol
+from kvmap.server.limits import DEFAULT_HEADER_TIMEOUT_S
+
 TINY = dict(model="dummy:tiny", kv="fp32", dtype="fp32", num_blocks=256, block_size=4,
             max_num_batched_tokens=64, served_model_name="tiny")
 
@@ -29,8 +32,10 @@ class RunningServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+        # the HTTP protocol of ``kvmap serve`` (a deadline on header blocks)
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning",
+            http=header_timeout_protocol(DEFAULT_HEADER_TIMEOUT_S)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

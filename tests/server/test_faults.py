@@ -6,6 +6,7 @@ hostile bodies get no 5xx while a concurrent stream completes."""
 from __future__ import annotations
 
 import json
+import socket
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -168,6 +169,15 @@ def test_overload_gives_503_and_every_admitted_request_completes():
         server.close()
 
 
+LONE_SURROGATES = [
+    ("/v1/completions", {"prompt": "x\ud800"}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "cache_salt": "\udfff"}, "cache_salt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udc00"}]},
+     "messages.0.content"),
+    ("/tokenize", {"prompt": "\ud83d"}, "prompt"),
+]
+
+
 def hostile_bodies() -> list[tuple[str, bytes]]:
     nested = "[" * 50_000 + "]" * 50_000
     bodies = [
@@ -190,19 +200,35 @@ def hostile_bodies() -> list[tuple[str, bytes]]:
             }).encode()),
             ("/tokenize", json.dumps({"prompt": "q" * (3 * 2**20)}).encode()),
             ("/detokenize", json.dumps({"tokens": [10**30]}).encode())]
+    # lone surrogates (issue 38: a 500 before) -- every text field: test_text_fields.py
+    out += [(path, json.dumps(body).encode()) for path, body, _ in LONE_SURROGATES]
     return out
 
 
-def test_hostile_bodies_get_no_5xx_while_a_stream_completes(server, reference):
-    done = {}
-    thread = threading.Thread(target=stream_ids, args=(server, PROMPTS[0], done))
-    thread.start()
-    with server.client() as c:
-        for path, body in hostile_bodies():
-            r = c.post(path, content=body, headers={"content-type": "application/json"})
-            assert 400 <= r.status_code < 500, (path, body[:80], r.status_code, r.text[:200])
-            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-    thread.join(60)
-    assert done["ids"] == reference[0]
-    with server.client() as c:
-        assert c.get("/health").status_code == 200
+def test_hostile_bodies_get_no_5xx_while_a_stream_completes(reference):
+    """Beside half-open connections at twice the server's request limit (issue 38)."""
+    from tests.server.test_admission import HALF_A_REQUEST
+    limit = 8
+    server = start_server(limit_concurrency=limit)
+    stalled = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
+               for _ in range(2 * limit)]
+    try:
+        for s in stalled:
+            s.sendall(HALF_A_REQUEST)
+        done = {}
+        thread = threading.Thread(target=stream_ids, args=(server, PROMPTS[0], done))
+        thread.start()
+        with server.client() as c:
+            for path, body in hostile_bodies():
+                r = c.post(path, content=body, headers={"content-type": "application/json"})
+                assert 400 <= r.status_code < 500, (path, body[:80], r.status_code,
+                                                    r.text[:200])
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        thread.join(60)
+        assert done["ids"] == reference[0]
+        with server.client() as c:
+            assert c.get("/health").status_code == 200
+    finally:
+        for s in stalled:
+            s.close()
+        server.close()

@@ -24,7 +24,6 @@ from kvmap.kv.compacted import CompactedStates
 from kvmap.kv.config import KVConfig
 from kvmap.kv.layer_pool import wants_per_layer_tables
 from kvmap.kv.layer_kinds import warn_layer_kinds
-from kvmap.kv.offload.admission import check_prompt
 from kvmap.kv.offload.offloader import Offloader
 from kvmap.kv.offload.pager import PageLost
 from kvmap.kv.prefix import prefix_salt
@@ -32,6 +31,7 @@ from kvmap.kv.spec import KVGeometry
 from kvmap.kv.tiers.shared_namespace import weights_identity
 from kvmap.engine.logprobs import TokenLogprobs, record_known_targets, record_sampled
 from kvmap.engine.policy_runner import PolicyRunner
+from kvmap.engine.refusal import InvalidRequest, check_request
 from kvmap.engine.runner import ModelRunner
 from kvmap.engine.sampler import sample
 from kvmap.engine.stats import EngineStats, LoadCounters, TierUsage
@@ -155,33 +155,20 @@ class Engine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None,
                     arrival_s: float | None = None, cache_salt: str | None = None) -> Request:
-        """Validate and queue a request. Raises ValueError before any work starts.
-        ``cache_salt``: its tenant's salt of the prefix hashes (``kvmap.kv.prefix``)."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params={params!r} is not a SamplingParams")
-        if not prompt_token_ids:
-            raise ValueError(f"prompt {prompt!r} is empty (0 tokens)")
-        max_pos = self.model_config.max_position_embeddings
-        if len(prompt_token_ids) >= max_pos:
-            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the model's "
-                             f"context is {max_pos} tokens")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        check_prompt(len(prompt_token_ids), params.max_tokens, self.kv.block_size,
-                     self.kv.pool.num_blocks, self.config.scheduler.max_num_batched_tokens,
-                     self.policy, self.offload,
-                     need_blocks=self.kv.peak_blocks(
-                         len(prompt_token_ids), self.config.scheduler.max_num_batched_tokens))
+        """Validate and queue a request. ``cache_salt``: its tenant's salt of the prefix
+        hashes (``kvmap.kv.prefix``). Every check runs before anything is stored: a
+        refused request raises ``InvalidRequest`` (a ValueError naming its parameter)
+        and leaves no trace in the engine."""
+        check_request(self, prompt_token_ids, params, prompt, cache_salt)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequest(f"request_id {request_id!r} is already in use",
+                                 "request_id")
         req = Request(request_id, prompt_token_ids, params,
                       arrival_s if arrival_s is not None else time.perf_counter(), prompt)
         req.logprobs = TokenLogprobs.for_request(req)
+        self.scheduler.add(req, cache_salt)      # cannot fail: the salt was checked
         self.requests[request_id] = req
-        self.scheduler.add(req, cache_salt)
         return req
 
     def abort(self, request_id: str) -> bool:

@@ -16,12 +16,39 @@ a URL's user info is everything between ``scheme://`` and the *last* ``@`` that 
 it on the same line before the next ``scheme://``. Redis passwords may hold any
 character (``@ { | ^ " < >``, spaces), so this may cut more than the user info of a
 line that holds a URL and, later, an ``@`` of something else -- never less.
+
+A password can also appear without its URL: a parser's error quoting a piece of it, a
+library echoing it. So every password this process learns from the environment (the
+Redis URL's, ``$KVMAP_REDIS_PASSWORD``: ``kv/tiers/redis_url.py``) is remembered
+(:func:`remember_secret`) and :func:`redact_spec` also replaces each, and its
+percent-encoded forms, by exact match with ``***``. Pieces of a password cannot be
+matched; the one parser of secret URLs therefore never quotes the URL (issue 38).
 """
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+MIN_SECRET_CHARS = 4          # shorter secrets would scrub common words; structure only
+SCRUBBED = "***"
+_secrets: set[str] = set()    # the known passwords and their encoded forms, this process
+
+
+def remember_secret(secret: str | None) -> None:
+    """Scrub ``secret`` (and its percent-encoded forms) by exact match from everything
+    :func:`redact_spec` passes from now on. None, empty and shorter than
+    ``MIN_SECRET_CHARS`` characters: ignored."""
+    if secret and len(secret) >= MIN_SECRET_CHARS:
+        _secrets.update({secret, quote(secret, safe=""), quote(secret)})
+
+
+def scrub_secrets(text: str) -> str:
+    """``text`` with every remembered secret replaced by ``***`` (longest first)."""
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, SCRUBBED)
+    return text
 
 
 def redact_url(url: str) -> str:
@@ -47,8 +74,11 @@ def _redact_line(line: str) -> str:
 
 
 def redact_spec(text: str) -> str:
-    """``text`` with the user info (``user:password@``) removed from every URL in it.
+    """``text`` with the user info (``user:password@``) removed from every URL in it,
+    and every remembered secret scrubbed (:func:`remember_secret`).
     ``"tiers(redis=redis://u:pw@h:1/0)"`` -> ``"tiers(redis=redis://h:1/0)"``."""
+    if _secrets:
+        text = scrub_secrets(text)
     if "://" not in text or "@" not in text:
         return text
     return "\n".join(_redact_line(line) for line in text.split("\n"))

@@ -6,8 +6,8 @@ call ``loop.start()`` itself). Tests run it in-process, on uvicorn in a thread
 (``tests/server/conftest.py``). The routes live in ``routes/`` (``/v1/completions``,
 ``/v1/chat/completions`` -- both with SSE streaming --, ``/v1/models``, ``/version``,
 ``/health``, ``/metrics``, ``/tokenize``, ``/detokenize``); this module wires them, the
-error handlers, and the middleware: access (API key, Host check) outermost, then the
-body limit.
+error handlers, and the middleware: access (API key, Host check) outermost, then
+admission (requests in flight, ``admission.py``), then the body limit.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import kvmap
+from kvmap.server.admission import AdmissionMiddleware
 from kvmap.server.context import ServerContext
 from kvmap.server.engine_loop import EngineLoop
 from kvmap.server.errors import (APIError, describe_validation_errors, error_response,
@@ -73,6 +74,8 @@ def create_app(loop: EngineLoop, model_name: str, *, limits: ServerLimits | None
     app.openapi = lambda: _openapi_without_422(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        on_reject=lambda: count_rejected(413))
+    app.add_middleware(AdmissionMiddleware, limit=limits.max_concurrent_requests,
+                       on_reject=count_rejected)
     app.add_middleware(AccessMiddleware, api_key=api_key, allowed_hosts=allowed_hosts,
                        on_reject=count_rejected)
     return app

@@ -2,8 +2,12 @@
 
 The process exits with ``ENGINE_GAVE_UP_EXIT`` when the engine loop gives up (faults past
 the restart budget), for a supervisor to restart it, instead of answering 503 forever.
-uvicorn's ``limit_concurrency`` refuses connections beyond what the queue bound can admit
-plus a margin (``default_limit_concurrency``), with a 503, before any body is read.
+``--limit-concurrency`` bounds the *requests* served at once (``admission.py``; default:
+what the queue bound can admit plus a margin, ``default_limit_concurrency``), counted
+once a request's headers are complete and its API key checked -- not uvicorn's count of
+open sockets, which half-open connections fill before any key is seen (issue 38).
+``/health`` and ``/metrics`` are never refused by it. A header block not complete within
+``--header-timeout`` closes its connection (``header_timeout.py``).
 """
 from __future__ import annotations
 
@@ -21,29 +25,35 @@ from kvmap.kv.redact import redact_spec
 from kvmap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_MESSAGES,
                                  DEFAULT_MAX_STOP_CHARS, DEFAULT_MAX_STOP_STRINGS,
                                  DEFAULT_MAX_STOP_TOKEN_IDS, DEFAULT_MAX_TOKENIZER_QUEUE,
-                                 DEFAULT_REQUEST_TIMEOUT_S, ServerLimits)
+                                 DEFAULT_HEADER_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S,
+                                 ServerLimits)
 from kvmap.server.security import API_KEY_ENV, allowed_hosts_for, is_loopback
 
 log = logging.getLogger("kvmap.server")
 ENGINE_GAVE_UP_EXIT = 3
 CACHE_SALT_ENV = "KVMAP_CACHE_SALT"
-CONNECTION_MARGIN = 64       # connections beyond the queue bound: probes, scrapes, 503s
+REQUEST_MARGIN = 64      # requests beyond the queue bound: tokenize, models, 503s
 
 
 def default_limit_concurrency(max_queue: int, max_num_seqs: int) -> int:
-    """Connections uvicorn serves at once: every request the engine may hold (waiting or
-    running) plus ``CONNECTION_MARGIN``."""
-    return max_queue + max_num_seqs + CONNECTION_MARGIN
+    """Requests served at once: every request the engine may hold (waiting or running)
+    plus ``REQUEST_MARGIN``."""
+    return max_queue + max_num_seqs + REQUEST_MARGIN
 
 
 def serve_app(app, loop, host: str, port: int, log_level: str = "warning",
-              limit_concurrency: int | None = None, on_started=None) -> int:
+              header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, on_started=None) -> int:
     """Run uvicorn until it stops; returns the exit status: 0, or
     ``ENGINE_GAVE_UP_EXIT`` when the engine loop gave up (uvicorn is told to stop then).
+    Connections are never counted against a limit here (the app counts requests); one
+    whose headers are not complete within ``header_timeout_s`` is closed.
     ``on_started(server)``: called with the ``uvicorn.Server`` before it runs."""
     import uvicorn
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           limit_concurrency=limit_concurrency))
+
+    from kvmap.server.header_timeout import header_timeout_protocol
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level,
+        http=header_timeout_protocol(header_timeout_s)))
     gave_up = threading.Event()
 
     def give_up() -> None:
@@ -70,14 +80,16 @@ def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 2
                  max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS,
                  max_messages: int = DEFAULT_MAX_MESSAGES,
                  max_tokenizer_queue: int = DEFAULT_MAX_TOKENIZER_QUEUE,
-                 cache_salt: str | None = None):
+                 cache_salt: str | None = None, limit_concurrency: int | None = None):
     """Load the model and build the app (not started), its engines from ``engine``.
     Raises ValueError on bad options. With ``adaptive``, the policy's first level is the
     starting KV configuration and ``engine.kv`` is ignored. ``host``: the address it will
     be bound to (a loopback bind checks Host headers against loopback names and
     ``allowed_hosts``). ``api_key`` (else ``$KVMAP_API_KEY``): required as a Bearer token
     on every route but /health. ``cache_salt`` (else ``$KVMAP_CACHE_SALT``): the server's
-    secret salt of prefix hashes, joined with each request's own ``cache_salt``."""
+    secret salt of prefix hashes, joined with each request's own ``cache_salt``.
+    ``limit_concurrency``: requests served at once (default: ``max_queue`` + max_num_seqs
+    + ``REQUEST_MARGIN``; none with neither a limit nor a queue bound)."""
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
     from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
@@ -94,7 +106,10 @@ def build_server(engine: EngineArgs = EngineArgs(), *, max_queue: int | None = 2
                           max_prompt_chars=max_prompt_chars,
                           request_timeout_s=request_timeout_s,
                           max_stop_token_ids=max_stop_token_ids, max_messages=max_messages,
-                          max_tokenizer_queue=max_tokenizer_queue)
+                          max_tokenizer_queue=max_tokenizer_queue,
+                          max_concurrent_requests=limit_concurrency or (
+                              default_limit_concurrency(max_queue, engine.max_num_seqs)
+                              if max_queue is not None else None))
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     cache_salt = cache_salt or os.environ.get(CACHE_SALT_ENV) or None
     if max_tokens_limit is not None and max_tokens_limit < 1:
@@ -149,8 +164,12 @@ def register(app: typer.Typer) -> None:
                                          help="Most chat messages plus content parts one "
                                               "request may give"),
         limit_concurrency: Optional[int] = typer.Option(
-            None, help="Connections served at once, more get 503 (default: max-queue + "
-                       f"max-num-seqs + {CONNECTION_MARGIN})"),
+            None, help="Requests served at once, more get 503; /health and /metrics are "
+                       "never refused, open sockets are not counted (default: max-queue "
+                       f"+ max-num-seqs + {REQUEST_MARGIN})"),
+        header_timeout: float = typer.Option(DEFAULT_HEADER_TIMEOUT_S,
+                                             help="Seconds a request's headers may take; "
+                                                  "then the connection is closed"),
         request_timeout: float = typer.Option(DEFAULT_REQUEST_TIMEOUT_S,
                                               help="Seconds a request may take; then 504"),
         api_key: Optional[str] = typer.Option(None, help=f"Require 'Authorization: Bearer "
@@ -171,6 +190,10 @@ def register(app: typer.Typer) -> None:
             fail(f"--max-queue={max_queue} must be >= 1")
         if max_body_bytes < 1:
             fail(f"--max-body-bytes={max_body_bytes} must be >= 1")
+        if not header_timeout > 0:
+            fail(f"--header-timeout={header_timeout} must be > 0")
+        if limit_concurrency is not None and limit_concurrency < 1:
+            fail(f"--limit-concurrency={limit_concurrency} must be >= 1")
         try:
             server_app, loop = build_server(
                 engine, max_queue=max_queue,
@@ -179,13 +202,12 @@ def register(app: typer.Typer) -> None:
                 host=host, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
                 request_timeout_s=request_timeout, max_stop_strings=max_stop_strings,
                 max_stop_chars=max_stop_chars, max_prompt_chars=max_prompt_chars,
-                max_stop_token_ids=max_stop_token_ids, max_messages=max_messages)
+                max_stop_token_ids=max_stop_token_ids, max_messages=max_messages,
+                limit_concurrency=limit_concurrency)
         except (ValueError, FileNotFoundError) as e:
             fail(redact_spec(str(e)))
         typer.echo(f"kvmap serve: {redact_spec(loop.active_kv)} on http://{host}:{port} "
                    f"(model {loop.active.model_id})", err=True)
-        code = serve_app(server_app, loop, host, port, log_level,
-                         limit_concurrency or default_limit_concurrency(max_queue,
-                                                                        engine.max_num_seqs))
+        code = serve_app(server_app, loop, host, port, log_level, header_timeout)
         if code:
             raise typer.Exit(code)

@@ -178,8 +178,8 @@ class ServerContext:
             raise APIError(504, str(e)) from None
         except RequestFailedError as e:
             raise APIError(500, str(e)) from None
-        except ValueError as e:
-            raise APIError(400, str(e), "prompt") from None
+        except ValueError as e:          # the engine's InvalidRequest names its field
+            raise APIError(400, str(e), getattr(e, "param", None) or "prompt") from None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:

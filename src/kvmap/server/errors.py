@@ -77,10 +77,13 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     def path(error) -> list[str]:
         return [str(p) for p in error.get("loc", ()) if p != "body" and not _is_type_tag(p)]
 
-    # a union field fails once per member: the deepest failure says most ("prompt.1:
-    # greater than or equal to 0" beats "prompt: should be a valid string")
+    # a union field fails once per member: a member whose type matched but whose value
+    # failed a check ("value_error": a lone surrogate in a string) says most, then the
+    # deepest failure ("prompt.1: greater than or equal to 0" beats "prompt: should be a
+    # valid string")
     field = path(errors[0])[:1]
-    first = max((e for e in errors if path(e)[:1] == field), key=lambda e: len(path(e)))
+    first = max((e for e in errors if path(e)[:1] == field),
+                key=lambda e: (e.get("type") == "value_error", len(path(e))))
     loc = path(first)
     param = ".".join(loc) or None
     where = f"{param}: " if param else ""

@@ -25,6 +25,9 @@ MAX_CACHE_SALT_CHARS = 256
 # longer text cannot be a valid prompt in practice and is refused before tokenizing
 DEFAULT_PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+# a request's header block must be complete this long after its first byte (or the
+# connection's opening), else the connection is closed (``header_timeout.py``)
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 
 
 # request-body field -> what bounds it (every list and free-size field; the test holds it)
@@ -67,6 +70,7 @@ class ServerLimits:
     max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
     max_messages: int = DEFAULT_MAX_MESSAGES
     max_tokenizer_queue: int = DEFAULT_MAX_TOKENIZER_QUEUE
+    max_concurrent_requests: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_stop_strings", "max_stop_chars",
@@ -74,7 +78,7 @@ class ServerLimits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        for name in ("max_tokens_limit", "max_prompt_chars"):
+        for name in ("max_tokens_limit", "max_prompt_chars", "max_concurrent_requests"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be an integer >= 1 (or None)")

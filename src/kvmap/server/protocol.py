@@ -6,14 +6,20 @@ Fields the engine cannot honour are accepted only at their neutral value (``n=1`
 ``logprobs=null``, penalties 0, ...) and rejected otherwise with the field named --
 ``unsupported`` lists them. Non-streaming responses are built as these models by the
 routes (``routes/``); streamed chunks are dicts of the same fields.
+
+Every text field of a request is ``Text``: a string UTF-8 can encode. JSON may carry a
+lone surrogate (``"\\ud800"``), which no tokenizer, hash or response can encode; it is a
+400 naming its field (``messages.0.content``, ``cache_salt``, ...) when the body is
+read -- before a route echoes the text or tokenizes it (issue 38: a 500 before).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from kvmap.engine.refusal import unencodable_at
 from kvmap.request import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -24,6 +30,17 @@ MIN_TEMPERATURE = 0.01      # vLLM's floor: logits / 1e-300 overflow to inf and 
 # floor changes no result for vocabularies up to 10^6
 MIN_TOP_P = 1e-6
 Float = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _encodable(text: str) -> str:
+    at = unencodable_at(text)
+    if at is not None:
+        raise ValueError(f"holds a lone surrogate (U+{ord(text[at]):04X} at character "
+                         f"{at}), which is not valid Unicode text")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]      # a request's text field
 
 
 class _Base(BaseModel):
@@ -38,13 +55,13 @@ class StreamOptions(_Base):
 class _SamplingFields(_Base):
     """Fields shared by completions and chat completions."""
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None          # vLLM extra; -1/0 = off
     seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None   # vLLM extra
     ignore_eos: bool = False                                   # vLLM extra
     n: Annotated[int, Field(ge=1)] = 1
@@ -53,9 +70,9 @@ class _SamplingFields(_Base):
     presence_penalty: Float | None = 0.0
     frequency_penalty: Float | None = 0.0
     logit_bias: dict[str, Float] | None = None
-    user: str | None = None
+    user: Text | None = None
     return_token_ids: bool = False       # vLLM extra: token ids in the response
-    cache_salt: str | None = None        # vLLM extra: this tenant's prefix-cache salt
+    cache_salt: Text | None = None       # vLLM extra: this tenant's prefix-cache salt
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for the first field set to a value the engine cannot honour."""
@@ -92,12 +109,12 @@ class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``. ``prompt``: a string, a list of token ids, or a list
     holding one of those (batches of several prompts are rejected: send one per request)."""
 
-    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[
+    prompt: Text | list[Annotated[int, Field(ge=0)]] | list[Text] | list[list[
         Annotated[int, Field(ge=0)]]]
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """With ``logprobs``: the output's log-probabilities, and with ``echo`` the
@@ -123,13 +140,13 @@ class CompletionRequest(_SamplingFields):
 
 class ContentPart(_Base):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Base):
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    role: Text
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -140,7 +157,7 @@ class ChatMessage(_Base):
 
 
 class ResponseFormat(_Base):
-    type: str
+    type: Text
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -169,15 +186,15 @@ class ChatCompletionRequest(_SamplingFields):
 class TokenizeRequest(_Base):
     """``POST /tokenize``: either ``prompt`` or ``messages`` (vLLM's two forms)."""
 
-    model: str | None = None
-    prompt: str | None = None
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Base):
-    model: str | None = None
+    model: Text | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
 
 

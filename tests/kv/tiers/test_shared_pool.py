@@ -141,13 +141,14 @@ def test_another_layout_in_the_same_namespace_is_a_counted_miss(redis_url, finge
     reader.discover([b"h1"])
     assert not reader.contains(b"h1") and reader.stats.errors["layout"] == 1
     assert reader.get(b"h1") is None
-    # a key holder's index entry that lies about the layout: the frame still refuses it
+    # a key holder's index entry that lies about the layout: the frame, sealed by a key
+    # holder with its own layout, still refuses it
     import redis
-    from kvmap.kv.tiers.shared_frames import index_entry
+    from kvmap.kv.tiers.shared_frames import index_entry, seal
     client = redis.Redis.from_url(redis_url)
     client.set(reader._ikey(b"h2"), index_entry(reader._index_auth, b"b:h2", other,
                                                 len(frame(2))))
-    client.set(reader._rkey(b"h2"), client.get(writer._rkey(b"h1")))
+    client.set(reader._rkey(b"h2"), seal(writer._seal_auth, b"b:h2", fingerprint, frame(2)))
     reader.discover([b"h2"])
     assert reader.get(b"h2") is None and reader.stats.errors["layout"] == 2
     assert not reader.contains(b"h2")
@@ -205,6 +206,54 @@ def test_garbage_under_our_names_is_counted_and_replaced(redis_url, fingerprint)
     assert [fresh.get(k) for k in (b"h1", b"h2", b"h3")] == [frame(1), frame(2), frame(3)]
     assert fresh.stats.num_errors == 0
     reader.check_integrity()
+
+
+@pytest.mark.redis
+def test_a_forged_header_is_replaced_not_refused(redis_url, fingerprint):
+    """A writer without the key rewrites a frame's header to claim another layout (the
+    frame and its tag kept), and overwrites another with garbage as long as a header:
+    the tag is checked first, so both are ``auth`` misses -- never ``layout``, never
+    refused for ever -- and the next put replaces them (issue 38)."""
+    import redis
+    client = redis.Redis.from_url(redis_url)
+    writer = shared_tier(redis_url, fingerprint)
+    put_all(writer, [(b"h1", frame(1)), (b"h2", frame(2))])
+    sealed = client.get(writer._rkey(b"h1"))
+    client.set(writer._rkey(b"h1"), sealed[:8] + os.urandom(32) + sealed[40:], keepttl=True)
+    client.set(writer._rkey(b"h2"), os.urandom(len(sealed)), keepttl=True)
+    reader = shared_tier(redis_url, fingerprint)
+    reader.discover([b"h1", b"h2"])
+    assert reader.get(b"h1") is None and reader.get(b"h2") is None
+    assert reader.stats.errors["auth"] == 2 and reader.stats.errors["layout"] == 0
+    assert not reader._refused
+    put_all(reader, [(b"h1", frame(1)), (b"h2", frame(2))])
+    fresh = shared_tier(redis_url, fingerprint)
+    fresh.discover([b"h1", b"h2"])
+    assert [fresh.get(b"h1"), fresh.get(b"h2")] == [frame(1), frame(2)]
+    assert fresh.stats.num_errors == 0
+
+
+def test_the_tag_is_checked_before_the_header_is_believed():
+    from kvmap.kv.tiers.auth import FrameAuth
+    from kvmap.kv.tiers.base import TierError
+    from kvmap.kv.tiers.shared_frames import SEAL_HEADER_BYTES, open_sealed, seal
+    auth, fp = FrameAuth(os.urandom(32)), os.urandom(32)
+    sealed = seal(auth, b"b:h", fp, frame(1))
+    assert open_sealed(auth, b"b:h", fp, sealed) == frame(1)
+    forged = [sealed[:8] + os.urandom(32) + sealed[40:],        # another fingerprint
+              b"XXXX" + sealed[4:],                              # another magic
+              sealed[:4] + b"\x09\x00" + sealed[6:],             # another version
+              os.urandom(len(sealed))]                           # garbage
+    for data in forged:
+        with pytest.raises(TierError) as info:
+            open_sealed(auth, b"b:h", fp, data)
+        assert info.value.kind == "auth"
+    with pytest.raises(TierError) as info:                       # too short for a tag
+        open_sealed(auth, b"b:h", fp, sealed[:SEAL_HEADER_BYTES - 1])
+    assert info.value.kind == "corrupt"
+    with pytest.raises(TierError) as info:                       # a key holder's layout
+        open_sealed(auth, b"b:h", os.urandom(32), sealed)
+    assert info.value.kind == "layout"
 
 
 @pytest.mark.redis

@@ -6,7 +6,8 @@ and KV layout read each other's prefix blocks from."""
 from __future__ import annotations
 
 from kvmap.kv.tiers.backend import TIER_BACKENDS, TierBackend
-from kvmap.kv.tiers.redis_tier import RedisTier, check_url, resolve_url, sweep_dead_namespaces
+from kvmap.kv.tiers.redis_tier import RedisTier, check_url, sweep_dead_namespaces
+from kvmap.kv.tiers.redis_url import connection_options
 from kvmap.kv.tiers.shared_namespace import check_shared_options
 from kvmap.kv.tiers.shared_redis import SharedRedisTier
 
@@ -22,8 +23,9 @@ def sweep_after_kill(options: dict) -> None:
     """A killed process's redis level: delete the private namespaces of dead processes
     of this host in its server (shared namespaces expire by their TTL)."""
     import redis
-    client = redis.Redis.from_url(resolve_url(options["url"]), socket_timeout=1.0,
-                                  socket_connect_timeout=1.0)
+    parsed, credentials = connection_options(options["url"])
+    client = redis.Redis.from_url(parsed.bare, socket_timeout=1.0,
+                                  socket_connect_timeout=1.0, **credentials)
     try:
         sweep_dead_namespaces(client)
     finally:

@@ -21,7 +21,8 @@ Credentials come only from the environment: ``url="env:NAME"`` reads the URL fro
 variable NAME (``tiers(redis=env:KVMAP_REDIS_URL)``), and ``KVMAP_REDIS_PASSWORD``, when
 set, is the password of a URL that has none (a user name in the URL is kept). A URL in a
 spec with a password in it is refused when the spec is parsed (``check_url``), saying
-how to pass it. ``self.url`` is always the redacted URL (``kvmap.kv.redact``).
+how to pass it. The URL is parsed once, by structure, and never quoted in an error
+(``redis_url.py``); ``self.url`` is the URL without its user info.
 
 Leaks: a tier's private namespace is ``kvmap:<owner>:<pid>:<random>:`` (``owner``: the
 host name and a hash of its boot id and pid namespace, ``owner.owner_tag``); every key
@@ -50,25 +51,17 @@ from redis.retry import Retry
 from kvmap.kv.redact import check_no_password, redact_url
 from kvmap.kv.tiers.base import Key, Tier, TierError, key_bytes
 from kvmap.kv.tiers.owner import owner_tag, pid_alive
+from kvmap.kv.tiers.redis_url import (PASSWORD_ENV, connection_options,
+                                      remember_env_secrets, resolve_url)
+
+__all__ = ["RedisTier", "check_url", "resolve_url", "private_prefix",
+           "sweep_dead_namespaces", "PASSWORD_ENV"]
 
 _DOWN_ERRORS = {redis.exceptions.ConnectionError: "connection",
                 redis.exceptions.TimeoutError: "timeout"}
-PASSWORD_ENV = "KVMAP_REDIS_PASSWORD"
 DEFAULT_KEY_TTL_S = 7200       # outlives the default cell timeout (1800 s) with room
 _SWEEP_MAX_KEYS = 200_000      # bound on what one start-up sweep scans
 _swept_urls: set[str] = set()  # servers this process has swept already
-
-
-def resolve_url(url: str) -> str:
-    """``env:NAME`` -> the URL in variable NAME; any other URL unchanged. ValueError
-    naming the variable when it is unset or empty."""
-    if not url.startswith("env:"):
-        return url
-    name = url[4:]
-    value = os.environ.get(name, "")
-    if not value:
-        raise ValueError(f"redis=env:{name}: environment variable {name!r} is not set")
-    return value
 
 
 def private_prefix() -> str:
@@ -105,11 +98,7 @@ def check_url(url) -> None:
                          "rediss:// or unix:// URL, nor env:NAME (the URL in variable NAME)")
     check_no_password(url, "tiers: redis=", f"Give it in ${PASSWORD_ENV}, or the whole "
                       "URL in an environment variable: redis=env:NAME.")
-
-
-def _has_password(url: str) -> bool:
-    rest = url.partition("://")[2]
-    return "@" in rest and ":" in rest.rsplit("@", 1)[0]
+    remember_env_secrets(url)
 
 
 class RedisTier(Tier):
@@ -139,16 +128,13 @@ class RedisTier(Tier):
         self.private = key_prefix is None
         self.key_prefix = (key_prefix if key_prefix is not None
                            else private_prefix()).encode()
-        real_url = resolve_url(url)
-        self.url = redact_url(real_url)           # for display; never the password
+        parsed, credentials = connection_options(url)    # parsed once (redis_url.py)
+        self.url = parsed.bare                    # for display; never the password
         self.key_ttl_s = key_ttl_s
-        extra = {}
-        if os.environ.get(PASSWORD_ENV) and not _has_password(real_url):
-            extra["password"] = os.environ[PASSWORD_ENV]
-        self.client = redis.Redis.from_url(real_url, socket_timeout=socket_timeout_s,
+        self.client = redis.Redis.from_url(parsed.bare, socket_timeout=socket_timeout_s,
                                            socket_connect_timeout=socket_timeout_s,
                                            retry=Retry(NoBackoff(), 0),
-                                           health_check_interval=0, **extra)
+                                           health_check_interval=0, **credentials)
         self._sweep_pending = self.private and self.url not in _swept_urls
         _swept_urls.add(self.url)
         atexit.register(_close_at_exit, weakref.ref(self))

@@ -6,20 +6,24 @@ with the namespace's key that every sharing process is given::
 
     sealed value = magic "KVMS" | version u16 | reserved u16
                    | layout fingerprint (32) | tag (16) | serde frame
-    tag          = FrameAuth(frames key).tag(tier key, fingerprint + frame)
+    tag          = FrameAuth(frames key).tag(tier key, header before the tag + frame)
 
     index entry  = magic "KVMI" | layout fingerprint (32) | sealed value bytes u64
                    | tag (16)
     tag          = FrameAuth(index key).tag(tier key, fingerprint + value bytes)
 
-Opening a sealed value checks, in order: its shape (``corrupt``), the fingerprint
-against the reader's own (``layout``: a peer that wrote with another layout), the tag
-(``auth``: tampered, moved between keys, or written with another key). Reading an index
-entry checks its shape (``corrupt``) and its tag (``auth``) before its fingerprint is
-believed: a writer without the key can neither make peers refuse a block (a forged
-"another layout" entry) nor advertise one. Each failure is a ``TierError`` of that kind,
-which the tier counts and answers as a miss. Keys are content hashes, so a replayed
-older value of a key is the same bytes and does no harm.
+Opening a sealed value checks its tag before anything else -- only a value too short
+to hold one is ``corrupt`` first -- then its magic and version (``corrupt``), then the
+fingerprint against the reader's own (``layout``: a key holder that wrote with another
+layout). The tag covers the whole header, so a writer without the key who forges a
+header (another fingerprint: "another layout") gets ``auth``, like any tampered value,
+not ``layout`` (issue 38: a forged fingerprint, checked before the tag, made every
+reader refuse the block for its life). Reading an index entry likewise checks its shape
+(``corrupt``) and its tag (``auth``) before its fingerprint is believed. A writer
+without the key can thus neither make peers refuse a block nor advertise one: ``auth``
+and ``corrupt`` values are replaced by the next put (``shared_redis.py``). Each failure
+is a ``TierError`` of that kind, which the tier counts and answers as a miss. Keys are
+content hashes, so a replayed older value of a key is the same bytes and does no harm.
 """
 from __future__ import annotations
 
@@ -29,32 +33,35 @@ from kvmap.kv.tiers.auth import TAG_BYTES, FrameAuth
 from kvmap.kv.tiers.base import TierError
 from kvmap.kv.tiers.shared_namespace import FINGERPRINT_BYTES
 
+_HEAD = struct.Struct(f"<4sHH{FINGERPRINT_BYTES}s")       # what the tag covers, less the frame
 _SEAL = struct.Struct(f"<4sHH{FINGERPRINT_BYTES}s{TAG_BYTES}s")
 _ENTRY = struct.Struct(f"<4s{FINGERPRINT_BYTES}sQ{TAG_BYTES}s")
-SEAL_MAGIC, ENTRY_MAGIC, SEAL_VERSION = b"KVMS", b"KVMI", 2
+SEAL_MAGIC, ENTRY_MAGIC, SEAL_VERSION = b"KVMS", b"KVMI", 3   # 3: the tag covers the header
 SEAL_HEADER_BYTES = _SEAL.size
 
 
 def seal(auth: FrameAuth, key_bytes: bytes, fingerprint: bytes, frame: bytes) -> bytes:
     """``frame`` under the sealed header (see the module docstring)."""
-    tag = auth.tag(key_bytes, fingerprint + frame)
-    return _SEAL.pack(SEAL_MAGIC, SEAL_VERSION, 0, fingerprint, tag) + frame
+    head = _HEAD.pack(SEAL_MAGIC, SEAL_VERSION, 0, fingerprint)
+    return head + auth.tag(key_bytes, head + frame) + frame
 
 
 def open_sealed(auth: FrameAuth, key_bytes: bytes, fingerprint: bytes,
                 data: bytes) -> bytes:
     """The frame inside a sealed value read under ``key_bytes``. Raises TierError of
-    kind corrupt, layout or auth."""
+    kind corrupt, auth or layout -- the tag checked before the header is believed."""
     if not isinstance(data, bytes) or len(data) < SEAL_HEADER_BYTES:
         raise TierError("corrupt", "a shared value shorter than its sealed header")
-    magic, version, _, stored_fp, tag = _SEAL.unpack_from(data, 0)
+    head, tag = data[:_HEAD.size], data[_HEAD.size:SEAL_HEADER_BYTES]
+    frame = data[SEAL_HEADER_BYTES:]
+    if not auth.check(key_bytes, head + frame, tag):
+        raise TierError("auth", "the frame's tag does not match (tampered, forged, or "
+                                "another key)")
+    magic, version, _, stored_fp = _HEAD.unpack(head)
     if magic != SEAL_MAGIC or version != SEAL_VERSION:
         raise TierError("corrupt", f"sealed header magic {magic!r} version {version}")
     if stored_fp != fingerprint:
         raise TierError("layout", "the frame was written with another model or KV layout")
-    frame = data[SEAL_HEADER_BYTES:]
-    if not auth.check(key_bytes, fingerprint + frame, tag):
-        raise TierError("auth", "the frame's tag does not match (tampered or another key)")
     return frame
 
 
