@@ -3,9 +3,10 @@ directory (configuration, workload or task, status, the figures docs/engines.md 
 and the throughput ratios of each configuration to kvmap's bf16 at the same level.
 
     python benchmarks/engines_summary.py runs/engines [--wall-s S] [--command "..."]
+    python benchmarks/engines_summary.py runs/peers --name peers     # examples/peers.yaml
 
 Reads only the run directory (``RunStore.cells``); writes
-``benchmarks/results/engines-*.json`` and prints a table.
+``benchmarks/results/<name>-*.json`` (default ``engines``) and prints a table.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ TASK_KEYS = ("accuracy", "passkey_accuracy", "ppl", "num_samples", "num_tokens_s
 
 
 def _row(cell: dict) -> dict:
+    cell = cell.to_dict() if hasattr(cell, "to_dict") else cell     # a CellRecord
     m = cell.get("metrics") or {}
     row = {"cell_id": cell["cell_id"], "kv": cell.get("kv"), "workload": cell.get("workload"),
            "job": "_".join(cell["cell_id"].split("_")[1:-2]),   # the workload level or task
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--wall-s", type=float, default=None, help="the run's wall time")
     ap.add_argument("--command", default=None, help="the command(s) that made the run")
+    ap.add_argument("--name", default="engines", help="the record's name")
     args = ap.parse_args()
     rows = [_row(c) for c in RunStore(args.run_dir).cells()]
     for r in rows:
@@ -68,7 +71,7 @@ def main() -> None:
                     if r.get(k) is not None), None)
         print(f"{r['kv']:>14} {r['job']:>24} {r['status']:>11} "
               f"{'' if fig is None else f'{fig:.4g}'}  {(r.get('error') or '')[:90]}")
-    path = write_record("engines", {"run_dir": str(args.run_dir), "command": args.command},
+    path = write_record(args.name, {"run_dir": str(args.run_dir), "command": args.command},
                         {"cells": rows, "throughput_vs_kvmap_bf16": _ratios(rows),
                          "wall_s": args.wall_s, "load_avg_end": os.getloadavg()})
     print(f"record: {path}")

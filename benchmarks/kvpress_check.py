@@ -44,37 +44,46 @@ PAIRS = {"snapkv": "snapkv(budget={b},window=32,kernel=11)",
          "knorm": "knorm(budget={b})", "tova": "tova(budget={b})", "h2o": "h2o(budget={b})"}
 
 
-def kvmap_side(args, specs: dict[str, str]) -> tuple[list, dict]:
-    """The passkey cases and, per policy name, kvmap's per-sample correctness."""
-    out, cases = {}, None
+def kvmap_side(args, specs: dict[str, str], start_peer) -> tuple[list, dict, object]:
+    """The passkey cases, kvmap's per-sample correctness per policy name, and what
+    ``start_peer(cases)`` returned (called once the cases exist, so kvpress runs while
+    kvmap does: the two halves are independent)."""
+    out, cases, peer = {}, None, None
     for name, spec in specs.items():
         llm = LLM(dtype="bf16", kv=spec, kv_memory=args.kv_memory, device="cpu",
                   max_num_batched_tokens=max(args.contexts) + 256)
         if cases is None:
             cases = make_cases(llm.tokenizer, args.contexts, args.depths, args.samples,
                                args.seed)
+            peer = start_peer(cases)
         result = run_passkey(llm, args.contexts, args.depths, args.samples, args.seed)
         by_id = {s["sample_id"]: bool(s["correct"]) for s in result["samples"]}
         out[name] = [by_id[c.sample_id] for c in cases]
         print(f"kvmap   {spec:42s} {sum(out[name])}/{len(out[name])}", flush=True)
-    return cases, out
+    return cases, out, peer
 
 
-def kvpress_side(args, cases, names: list[str]) -> dict:
-    """kvpress's answers per press and mode (``kvpress_peer.py`` in its venv)."""
+def start_kvpress(args, cases, names: list[str], tmp: Path) -> tuple:
+    """``kvpress_peer.py`` in kvpress's venv on ``cases``, started, not awaited."""
     if not Path(args.kvpress_python).exists():
         raise SystemExit(f"kvpress is not installed at {args.kvpress_python}: run "
                          "scripts/kvpress.sh (kvpress 0.5.5 needs transformers < 5.3, "
                          "so it lives in a venv of its own)")
-    with tempfile.TemporaryDirectory() as tmp:
-        cases_path, out_path = Path(tmp) / "cases.json", Path(tmp) / "out.json"
-        cases_path.write_text(json.dumps([{"sample_id": c.sample_id, "prompt": c.prompt,
-                                           "key": c.key} for c in cases]))
-        subprocess.run([args.kvpress_python, str(ROOT / "benchmarks" / "kvpress_peer.py"),
-                        str(cases_path), str(out_path), "--gguf", str(embedded_model_path()),
-                        "--ratio", f"{1 - args.budget:g}", "--presses", ",".join(names)],
-                       check=True)
-        return json.loads(out_path.read_text())
+    cases_path, out_path = tmp / "cases.json", tmp / "out.json"
+    cases_path.write_text(json.dumps([{"sample_id": c.sample_id, "prompt": c.prompt,
+                                       "key": c.key} for c in cases]))
+    process = subprocess.Popen(
+        [args.kvpress_python, str(ROOT / "benchmarks" / "kvpress_peer.py"),
+         str(cases_path), str(out_path), "--gguf", str(embedded_model_path()),
+         "--ratio", f"{1 - args.budget:g}", "--presses", ",".join(names)])
+    return process, out_path
+
+
+def kvpress_answers(started: tuple) -> dict:
+    process, out_path = started
+    if process.wait() != 0:
+        raise SystemExit(f"kvpress_peer.py exited with code {process.returncode}")
+    return json.loads(out_path.read_text())
 
 
 def accuracy(correct: list[bool]) -> dict:
@@ -113,7 +122,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-memory", default="256MiB")
-    p.add_argument("--policies", default=",".join(PAIRS))
+    p.add_argument("--policies", default=",".join(PAIRS), help=", ".join(PAIRS))
     p.add_argument("--kvpress-python", default=str(ROOT / ".venv-kvpress/bin/python"))
     args = p.parse_args()
     if not 0.0 < args.budget < 1.0:
@@ -124,8 +133,10 @@ def main() -> None:
         raise SystemExit(f"unknown policies {unknown}; valid: {', '.join(PAIRS)}")
     started = time.perf_counter()
     specs = {"none": "bf16", **{n: PAIRS[n].format(b=f"{args.budget:g}") for n in names}}
-    cases, kvmap_correct = kvmap_side(args, specs)
-    peer = kvpress_side(args, cases, ["none", *names])
+    with tempfile.TemporaryDirectory() as tmp:
+        cases, kvmap_correct, started_peer = kvmap_side(
+            args, specs, lambda c: start_kvpress(args, c, ["none", *names], Path(tmp)))
+        peer = kvpress_answers(started_peer)
     rows = compare(cases, kvmap_correct, peer)
     print(f"\npasskey, SmolLM2-135M bf16, budget {args.budget:g} of the prompt "
           f"({len(cases)} prompts; accuracy [Wilson 95%])")

@@ -50,9 +50,10 @@ def load_pipeline(gguf: pathlib.Path):
     import kvpress  # noqa: F401  (registers "kv-press-text-generation")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.chat_template = None
+    # transformers < 5.3 dequantizes a GGUF as it loads it (no GgufConfig needed);
     # eager attention: ObservedAttentionPress (H2O) scores from the attention weights
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, torch_dtype=torch.bfloat16,
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
         attn_implementation="eager").eval()
     return pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer,
                     device="cpu")
