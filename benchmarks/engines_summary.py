@@ -58,6 +58,34 @@ def _ratios(rows: list[dict]) -> dict:
     return out
 
 
+def _ppl_drops(cells: list[dict], draws: int = 2000) -> dict:
+    """Each ``prompt_ppl`` cell's perplexity over its baseline's (``baseline_kv``, else
+    bf16), paired by sample: exp(mean per-sample NLL difference) - 1, with a 95%
+    percentile bootstrap over the samples (seeded)."""
+    import math
+    import random
+    nll = {c["kv"]: {s["sample_id"]: s["nll_mean"] for s in
+                     (c.get("details") or {}).get("per_sample") or []}
+           for c in cells if c.get("task") == "prompt_ppl" and c.get("status") == "ok"}
+    out: dict = {}
+    for c in cells:
+        if c.get("task") != "prompt_ppl" or c["kv"] not in nll:
+            continue
+        base = (c.get("metrics") or {}).get("baseline_kv") or "bf16"
+        if base == c["kv"] or base not in nll:
+            continue
+        diffs = [v - nll[base][k] for k, v in nll[c["kv"]].items() if k in nll[base]]
+        if not diffs:
+            continue
+        rng = random.Random(0)
+        boot = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(draws))
+        out[c["kv"]] = {"baseline": base, "n": len(diffs),
+                        "ppl_change": math.exp(sum(diffs) / len(diffs)) - 1,
+                        "ci95": [math.exp(boot[int(0.025 * draws)]) - 1,
+                                 math.exp(boot[int(0.975 * draws) - 1]) - 1]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -65,7 +93,12 @@ def main() -> None:
     ap.add_argument("--command", default=None, help="the command(s) that made the run")
     ap.add_argument("--name", default="engines", help="the record's name")
     args = ap.parse_args()
-    rows = [_row(c) for c in RunStore(args.run_dir).cells()]
+    cells = [c.to_dict() for c in RunStore(args.run_dir).cells()]
+    rows = [_row(c) for c in cells]
+    drops = _ppl_drops(cells)
+    for kv, d in drops.items():
+        print(f"prompt_ppl {kv:>14} vs {d['baseline']:>8}: {100 * d['ppl_change']:+.2f}% "
+              f"[{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}] (n={d['n']})")
     for r in rows:
         fig = next((r[k] for k in ("output_tokens_per_s", "accuracy", "ppl")
                     if r.get(k) is not None), None)
@@ -73,6 +106,7 @@ def main() -> None:
               f"{'' if fig is None else f'{fig:.4g}'}  {(r.get('error') or '')[:90]}")
     path = write_record(args.name, {"run_dir": str(args.run_dir), "command": args.command},
                         {"cells": rows, "throughput_vs_kvmap_bf16": _ratios(rows),
+                         "prompt_ppl_vs_baseline": drops,
                          "wall_s": args.wall_s, "load_avg_end": os.getloadavg()})
     print(f"record: {path}")
 
