@@ -75,7 +75,8 @@ def start_kvpress(args, cases, names: list[str], tmp: Path) -> tuple:
     process = subprocess.Popen(
         [args.kvpress_python, str(ROOT / "benchmarks" / "kvpress_peer.py"),
          str(cases_path), str(out_path), "--gguf", str(embedded_model_path()),
-         "--ratio", f"{1 - args.budget:g}", "--presses", ",".join(names)])
+         "--ratio", f"{1 - args.budget:g}", "--presses", ",".join(names),
+         "--modes", args.modes])
     return process, out_path
 
 
@@ -123,6 +124,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-memory", default="256MiB")
     p.add_argument("--policies", default=",".join(PAIRS), help=", ".join(PAIRS))
+    p.add_argument("--modes", default="blind,window", help="kvpress modes: blind, window")
     p.add_argument("--kvpress-python", default=str(ROOT / ".venv-kvpress/bin/python"))
     args = p.parse_args()
     if not 0.0 < args.budget < 1.0:
