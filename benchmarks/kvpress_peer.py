@@ -10,7 +10,7 @@ answers each with every press at one compression ratio, in two modes, and writes
   window   the whole prompt, question included, is compressed (question=""), as kvmap
            compresses a prompt: the observation window of SnapKV ends on the question.
 
-Greedy, ``max_new_tokens`` 12, the tokenizer's chat template off (the passkey prompt ends
+Greedy, ``max_new_tokens`` 24, the tokenizer's chat template off (the passkey prompt ends
 "The special magic number for X is" and is continued as plain text, as kvmap does).
 
     .venv-kvpress/bin/python benchmarks/kvpress_peer.py CASES.json OUT.json \
@@ -23,6 +23,8 @@ import json
 import pathlib
 import time
 
+MAX_NEW_TOKENS = 24       # the pipeline starts the answer on a new line and often repeats
+                          # "The special magic number for X is" first (12 ran out, 2026-12-04)
 QUESTION_MARK = "\n\nWhat is the special magic number"
 
 
@@ -65,7 +67,7 @@ def answer(pipe, prompt: str, press, mode: str) -> str:
         context, question = prompt[:cut], prompt[cut:]
     else:
         context, question = prompt, ""
-    out = pipe(context, question=question, press=press, max_new_tokens=12)
+    out = pipe(context, question=question, press=press, max_new_tokens=MAX_NEW_TOKENS)
     return out["answer"]
 
 
