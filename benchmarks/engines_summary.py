@@ -3,9 +3,10 @@ directory (configuration, workload or task, status, the figures docs/engines.md 
 and the throughput ratios of each configuration to kvmap's bf16 at the same level.
 
     python benchmarks/engines_summary.py runs/engines [--wall-s S] [--command "..."]
+    python benchmarks/engines_summary.py runs/peers --name peers     # examples/peers.yaml
 
 Reads only the run directory (``RunStore.cells``); writes
-``benchmarks/results/engines-*.json`` and prints a table.
+``benchmarks/results/<name>-*.json`` (default ``engines``) and prints a table.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ TASK_KEYS = ("accuracy", "passkey_accuracy", "ppl", "num_samples", "num_tokens_s
 
 
 def _row(cell: dict) -> dict:
+    cell = cell.to_dict() if hasattr(cell, "to_dict") else cell     # a CellRecord
     m = cell.get("metrics") or {}
     row = {"cell_id": cell["cell_id"], "kv": cell.get("kv"), "workload": cell.get("workload"),
            "job": "_".join(cell["cell_id"].split("_")[1:-2]),   # the workload level or task
@@ -56,20 +58,55 @@ def _ratios(rows: list[dict]) -> dict:
     return out
 
 
+def _ppl_drops(cells: list[dict], draws: int = 2000) -> dict:
+    """Each ``prompt_ppl`` cell's perplexity over its baseline's (``baseline_kv``, else
+    bf16), paired by sample: exp(mean per-sample NLL difference) - 1, with a 95%
+    percentile bootstrap over the samples (seeded)."""
+    import math
+    import random
+    nll = {c["kv"]: {s["sample_id"]: s["nll_mean"] for s in
+                     (c.get("details") or {}).get("per_sample") or []}
+           for c in cells if c.get("task") == "prompt_ppl" and c.get("status") == "ok"}
+    out: dict = {}
+    for c in cells:
+        if c.get("task") != "prompt_ppl" or c["kv"] not in nll:
+            continue
+        base = (c.get("metrics") or {}).get("baseline_kv") or "bf16"
+        if base == c["kv"] or base not in nll:
+            continue
+        diffs = [v - nll[base][k] for k, v in nll[c["kv"]].items() if k in nll[base]]
+        if not diffs:
+            continue
+        rng = random.Random(0)
+        boot = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(draws))
+        out[c["kv"]] = {"baseline": base, "n": len(diffs),
+                        "ppl_change": math.exp(sum(diffs) / len(diffs)) - 1,
+                        "ci95": [math.exp(boot[int(0.025 * draws)]) - 1,
+                                 math.exp(boot[int(0.975 * draws) - 1]) - 1]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--wall-s", type=float, default=None, help="the run's wall time")
     ap.add_argument("--command", default=None, help="the command(s) that made the run")
+    ap.add_argument("--name", default="engines", help="the record's name")
     args = ap.parse_args()
-    rows = [_row(c) for c in RunStore(args.run_dir).cells()]
+    cells = [c.to_dict() for c in RunStore(args.run_dir).cells()]
+    rows = [_row(c) for c in cells]
+    drops = _ppl_drops(cells)
+    for kv, d in drops.items():
+        print(f"prompt_ppl {kv:>14} vs {d['baseline']:>8}: {100 * d['ppl_change']:+.2f}% "
+              f"[{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}] (n={d['n']})")
     for r in rows:
         fig = next((r[k] for k in ("output_tokens_per_s", "accuracy", "ppl")
                     if r.get(k) is not None), None)
         print(f"{r['kv']:>14} {r['job']:>24} {r['status']:>11} "
               f"{'' if fig is None else f'{fig:.4g}'}  {(r.get('error') or '')[:90]}")
-    path = write_record("engines", {"run_dir": str(args.run_dir), "command": args.command},
+    path = write_record(args.name, {"run_dir": str(args.run_dir), "command": args.command},
                         {"cells": rows, "throughput_vs_kvmap_bf16": _ratios(rows),
+                         "prompt_ppl_vs_baseline": drops,
                          "wall_s": args.wall_s, "load_avg_end": os.getloadavg()})
     print(f"record: {path}")
 

@@ -4,7 +4,8 @@ The peak over the cell's scrapes of the first gauge the server exports, in this 
 
 - a usage fraction (``USAGE_GAUGES``: vLLM's ``vllm:kv_cache_usage_perc`` -- which
   ``kvmap serve`` exports too -- and its older ``vllm:gpu_cache_usage_perc``, llama.cpp's
-  ``llamacpp:kv_cache_usage_ratio``) times the endpoint's ``kv_memory``;
+  ``llamacpp:kv_cache_usage_ratio``, ``openvino:kv_cache_usage_ratio`` of
+  ``scripts/openvino_server.py``) times the endpoint's ``kv_memory``;
 - else ``kvmap:kv_resident_bytes{tier="pool"}`` (``kvmap serve``'s own bytes).
 
 A gauge is sampled (``SCRAPE_INTERVAL_S`` of ``endpoint_workload``), so the peak is the
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-                "llamacpp:kv_cache_usage_ratio")
+                "llamacpp:kv_cache_usage_ratio", "openvino:kv_cache_usage_ratio")
 RESIDENT_GAUGE = "kvmap:kv_resident_bytes"
 
 

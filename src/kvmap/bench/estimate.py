@@ -75,7 +75,9 @@ class Estimator:
         key = (cell.model.name, cell.model.dtype, cell.model.quantization)
         if key not in self._configs:
             from kvmap.model.loader import model_config_of
-            config = model_config_of(cell.model.name, cell.model.dtype)
+            # an endpoint's cell has no dtype of kvmap's (its server picks one): its
+            # model's shape is what the estimate needs, read at float32
+            config = model_config_of(cell.model.name, cell.model.dtype or "float32")
             cal = self.calibration_of(cell.model.dtype)
             self._configs[key] = (config, StepShape.of(config, cell.model.dtype,
                                                        cell.model.quantization),

@@ -105,7 +105,9 @@ def workload_work(cell: CellSpec, pool: Pool, request_s: Callable[[Work], float]
         n = spec.num_requests * turns
         prompt, output = spec.prompt_len.mean_tokens, spec.output_len.mean_tokens
         span = 0.0
-    kept = prompt * kept_fraction(cell.kv, cell.model.dtype)
+    # an endpoint's cell: its server's cache is not a KV spec of kvmap's
+    kept = prompt * (1.0 if cell.endpoint is not None
+                     else kept_fraction(cell.kv, cell.model.dtype))
     alone = request_s(batch_work(1, prompt, output, 1, kept))
     arrival, floor_s = spec.arrival, span
     if arrival is None:                                   # a trace's own times
