@@ -115,3 +115,26 @@ def test_on_course_nothing_is_replanned(tmp_path, monkeypatch):
                         estimate=estimate, replan=replan)
     assert backend.ran == [c.workload.options["num_requests"] for c in scenario.cells()]
     assert RunStore(tmp_path / "run").metadata()["replan"]["replans"] == []
+
+
+def test_a_search_after_the_cells_does_not_break_the_replan(tmp_path, monkeypatch):
+    """A search's probes arrive after the scenario's cells (the searching backend yields
+    them past ``todo``): timing them into the re-plan must not index past ``todo``."""
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(SCENARIO) + "  - {name: s, kind: synthetic, "
+                    "num_requests: 12, prompt_len: 8, output_len: 2, arrival: auto, "
+                    "kv: [fp32]}\nslo: ttft_p90=1s\n")
+    scenario = load_scenario(path)
+    assert scenario.searches()
+    estimate = cost_model(scenario)
+    every = knobs(scenario, lambda w: [])
+    replan = replanner_of(scenario, every, {k: k.written for k in every}, 5000.0,
+                          cost_model, estimate, {c.cell_id for c in scenario.cells()})
+    clock = Clock()
+    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=clock))
+    backend = Slow(clock)
+    result = runner.run_scenario(scenario, tmp_path / "run", backend=backend,
+                                 show_progress=False, estimate=estimate, replan=replan,
+                                 searches=True)
+    roles = [(c.load or {}).get("search", {}).get("role") for c in result.cells]
+    assert "serial" in roles and "saturated" in roles      # the probes ran and were stored

@@ -249,8 +249,8 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                     console.print(f"    [red]{escape(error)}[/]"
                                   f"  (log: {escape(str(store.log_path(cell.cell_id)))})")
                 if replan is not None:
-                    estimate = _replan(replan, scenario, todo, n, estimate, eta, wall_s,
-                                       time.perf_counter() - t_start, console)
+                    estimate = _replan(replan, scenario, todo, n, cell, estimate, eta,
+                                       wall_s, time.perf_counter() - t_start, console)
             progress.update(current, visible=False)
     finally:
         store.finalize(interrupted=num_ran < len(todo), backend=backend.describe(),
@@ -267,12 +267,13 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                      duration_s=time.perf_counter() - t_start)
 
 
-def _replan(replan, scenario: Scenario, todo: list, num_done: int, estimate, eta: _Eta,
-            wall_s: float, elapsed_s: float, console: Console):
-    """Time the cell just done into ``replan`` and, when the run is off course, re-size
+def _replan(replan, scenario: Scenario, todo: list, num_done: int, cell, estimate,
+            eta: _Eta, wall_s: float, elapsed_s: float, console: Console):
+    """Time ``cell``, just done, into ``replan`` and, when the run is off course, re-size
     the cells not started yet (``todo[num_done:]``, replaced in place: the local backend
-    reads the list as it goes); the estimate the rest of the run uses."""
-    cell = todo[num_done - 1][1]
+    reads the list as it goes); the estimate the rest of the run uses. A search's probes
+    come after ``todo`` (the searching backend yields them): nothing of ``todo`` is left
+    to re-size then."""
     est = estimate.of(cell.cell_id) if estimate is not None else None
     replan.cell_done(est.seconds if est is not None else None, wall_s)
     index = {c.cell_id: i for i, c in enumerate(scenario.cells())}
