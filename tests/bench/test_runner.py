@@ -225,8 +225,9 @@ def test_builtin_scenarios_parse():
     assert default.name == "default" and quick.name == "quick"
     assert default.kv[0] == "auto" and {w.name for w in default.workloads} == {
         "s1-throughput", "s1-throughput-8b", "s2-long-context", "s2-long-context-8b",
-        "s1-throughput-gemma"}
-    assert {t.name for t in default.tasks} == {"ppl", "ppl-policies", "passkey", "chat_generation"}
+        "s1-throughput-gemma", "long-context-gemma"}
+    assert {t.name for t in default.tasks} == {"ppl", "ppl-policies", "passkey",
+                                               "passkey-gemma", "chat_generation"}
     assert {m.label for m in default.models} >= {"smollm2", "smollm2+w8a8", "gemma3-270m"}
     assert [c.model.label for c in quick.cells()].count("gemma3-270m") == 1
     assert len(quick.cells()) < len(default.cells())
