@@ -39,7 +39,9 @@ from kvmap.metrics.evidence import (KeyEvidence, decide, evidence_of, fit_bounda
 ROLES = ("serial", "saturated", "level", "bisect", "extend")
 SERIAL_REQUESTS = 4
 STEP = 1.6                  # a level up or down before the bracket closes
-MAX_OVER_PEAK = 1.5         # levels above the saturated run's rate by at most this much
+# No level above the saturated run's rate: arrivals faster than the machine's peak service
+# rate queue without bound, so a short probe there passes an SLA only because it ends
+# before its queue shows -- a rate that cannot be sustained is no capacity.
 
 __all__ = ["slo_attainment"]        # re-exported: the bench cell computes it from here
 
@@ -277,7 +279,7 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
         # (a pass expected), then half above (a fail expected)
         first = predicted / math.sqrt(1 + settings.tolerance) if predicted and predicted > 0 \
             else math.sqrt(ladder[0] * ladder[-1])
-        first = min(max(first, x1 / 8), MAX_OVER_PEAK * xmax)
+        first = min(max(first, x1 / 8), xmax)
         return NextProbe("level", _rate_label(first), num_requests)
     verdicts = rate_verdicts(probes)
     last = levels[-1]
@@ -303,8 +305,9 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
     step = 1 + settings.tolerance if predicted else STEP
     if hi is None:                      # nothing fails yet: up from the highest tried
         rate = _round(max(verdicts) * step)
-        if rate > MAX_OVER_PEAK * xmax or tried(rate):
-            return None                 # the SLA holds past the peak: "top"
+        rate = min(rate, _round(xmax))
+        if tried(rate):
+            return None                 # the SLA holds up to the peak rate: "top"
         return NextProbe("level", _rate_label(rate), num_requests)
     rate = _round(min(verdicts) / step)     # nothing passes yet: down from the lowest
     if rate < x1 / 8 or tried(rate):
@@ -316,7 +319,8 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
 class SearchResult:
     """The SLA capacity of one configuration (requests/s) and how sure it is."""
 
-    status: str                       # decided | top | below | undecided | unmeasured
+    status: str                       # decided | top (throughput-bound) | below |
+    #                                   undecided | unmeasured
     capacity: float | None            # the estimate: the fitted boundary in the bracket
     bracket: tuple[float, float] | None   # (highest decided pass, lowest decided fail)
     tolerance: float
@@ -339,8 +343,10 @@ class SearchResult:
         if self.status == "below":
             return f"below {self.bracket[1]:.3g} req/s (decided fail there; {n}{pred})"
         if self.status == "top":
-            return (f">= {self.capacity:.3g} req/s (the SLA holds at every rate tried, "
-                    f"decided; {n}{pred})")
+            peak = f" and at most the saturated rate {self.bracket[1]:.3g}" \
+                if self.bracket else ""
+            return (f">= {self.capacity:.3g} req/s{peak} (throughput-bound: the SLA holds, "
+                    f"decided, at every rate tried up to the machine's peak; {n}{pred})")
         if self.status == "undecided":
             need = f"; a pass needs >= {self.needed} requests a level" if self.needed else ""
             return f"undecided at this power ({n}{need}{pred})"
@@ -364,8 +370,11 @@ def result(probes: list[Probe], settings: SearchSettings, predicted: float | Non
         fit = fit_boundary([(p.rate, list(p.evidence)) for p in levels])
         estimate = min(max(fit, lo), hi) if fit else math.sqrt(lo * hi)
         return SearchResult("decided", _round(estimate), (lo, hi), **common)
-    if lo is not None:
-        return SearchResult("top", lo, None, **common)
+    if lo is not None:                  # throughput-bound: between the highest decided
+        #                                 pass and the saturated run's peak rate
+        peak = next((p.requests_per_s for p in probes if p.role == "saturated" and p.ok
+                     and p.requests_per_s), None)
+        return SearchResult("top", lo, (lo, max(lo, peak)) if peak else None, **common)
     if hi is not None and all(v != "pass" for v in verdicts.values()) \
             and hi <= min(verdicts):
         return SearchResult("below", None, (0.0, hi), **common)
