@@ -100,32 +100,11 @@ def test_a_run_4x_slower_than_its_estimate_lands_inside_its_budget(tmp_path, mon
     assert "re-plan after 1 cells" in said and "a num_requests 100 -> " in said
 
 
-def test_on_course_nothing_is_replanned(tmp_path, monkeypatch):
+def _run_on_course(tmp_path, monkeypatch, text: str):
+    """(scenario, backend, result) of ``text`` run with a re-plan whose budget it fits."""
     path = tmp_path / "s.yaml"
-    path.write_text(textwrap.dedent(SCENARIO))
+    path.write_text(text)
     scenario = load_scenario(path)
-    estimate = cost_model(scenario)
-    every = knobs(scenario, lambda w: [])
-    replan = replanner_of(scenario, every, {k: k.written for k in every}, 5000.0,
-                          cost_model, estimate, {c.cell_id for c in scenario.cells()})
-    clock = Clock()
-    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=clock))
-    backend = Slow(clock)
-    runner.run_scenario(scenario, tmp_path / "run", backend=backend, show_progress=False,
-                        estimate=estimate, replan=replan)
-    assert backend.ran == [c.workload.options["num_requests"] for c in scenario.cells()]
-    assert RunStore(tmp_path / "run").metadata()["replan"]["replans"] == []
-
-
-def test_a_search_after_the_cells_does_not_break_the_replan(tmp_path, monkeypatch):
-    """A search's probes arrive after the scenario's cells (the searching backend yields
-    them past ``todo``): timing them into the re-plan must not index past ``todo``."""
-    path = tmp_path / "s.yaml"
-    path.write_text(textwrap.dedent(SCENARIO) + "  - {name: s, kind: synthetic, "
-                    "num_requests: 12, prompt_len: 8, output_len: 2, arrival: auto, "
-                    "kv: [fp32]}\nslo: ttft_p90=1s\n")
-    scenario = load_scenario(path)
-    assert scenario.searches()
     estimate = cost_model(scenario)
     every = knobs(scenario, lambda w: [])
     replan = replanner_of(scenario, every, {k: k.written for k in every}, 5000.0,
@@ -136,5 +115,22 @@ def test_a_search_after_the_cells_does_not_break_the_replan(tmp_path, monkeypatc
     result = runner.run_scenario(scenario, tmp_path / "run", backend=backend,
                                  show_progress=False, estimate=estimate, replan=replan,
                                  searches=True)
+    return scenario, backend, result
+
+
+def test_on_course_nothing_is_replanned(tmp_path, monkeypatch):
+    scenario, backend, _ = _run_on_course(tmp_path, monkeypatch, textwrap.dedent(SCENARIO))
+    assert backend.ran == [c.workload.options["num_requests"] for c in scenario.cells()]
+    assert RunStore(tmp_path / "run").metadata()["replan"]["replans"] == []
+
+
+def test_a_search_after_the_cells_does_not_break_the_replan(tmp_path, monkeypatch):
+    """A search's probes arrive after the scenario's cells (the searching backend yields
+    them past ``todo``): timing them into the re-plan must not index past ``todo``."""
+    scenario, _, result = _run_on_course(
+        tmp_path, monkeypatch, textwrap.dedent(SCENARIO) + "  - {name: s, kind: synthetic, "
+        "num_requests: 12, prompt_len: 8, output_len: 2, arrival: auto, kv: [fp32]}\n"
+        "slo: ttft_p90=1s\n")
+    assert scenario.searches()
     roles = [(c.load or {}).get("search", {}).get("role") for c in result.cells]
     assert "serial" in roles and "saturated" in roles      # the probes ran and were stored
