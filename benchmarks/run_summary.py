@@ -74,7 +74,7 @@ def main() -> None:
     run_class = (config["run_hardware"] or {}).get("machine_class")
     if run_class:                      # the run's class, not the class of this machine
         record = json.loads(path.read_text())
-        record.update(machine_class=run_class, machine_class_source="run.json")
+        record.update(machine_class=run_class, machine_class_source="profile")   # run.json's
         path.write_text(json.dumps(record, indent=2))
     print("\n".join(metrics["terminal"]))
     print(f"wrote {path}")
