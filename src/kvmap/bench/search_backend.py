@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
                                      WrappingBackend)
 from kvmap.bench.capacity_prediction import predict_capacity
-from kvmap.runs.search import (Probe, SearchSettings, next_probe, rate_verdicts,
-                               requests_to_decide, result)
+from kvmap.runs.search import (Probe, SearchSettings, next_probe, own_rate,
+                               rate_verdicts, requests_to_decide, result)
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore
@@ -82,7 +82,7 @@ class SearchingBackend(WrappingBackend):
                    records: list[CellRecord], store: RunStore) -> float | None:
         """The simulator's SLA capacity from the saturated run (``capacity_prediction``)."""
         serial, saturated = probes[0], probes[1]
-        x1 = serial.requests_per_s or (1 / serial.e2e_mean_s if serial.e2e_mean_s else None)
+        x1 = own_rate(serial)
         n = saturated.num_requests
 
         def cell_at(rate: float) -> CellSpec:

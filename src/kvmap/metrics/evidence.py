@@ -252,7 +252,7 @@ def slo_attainment(rows: list[dict], slo: dict | None, default_q: float = 0.99
             continue
         ev = KeyEvidence(key, key_quantile(key, default_q), sum(x <= limit for x in values),
                          len(values), unit)
-        est, lo, hi = quantile_interval([x for x in values], ev.quantile)
+        est, lo, hi = quantile_interval(values, ev.quantile)
         out[key] = {**ev.to_dict(), "num_requests": len(stats),
                     "percentile_s": _finite(est), "percentile_interval_s": [_finite(lo),
                                                                              _finite(hi)]}

@@ -39,9 +39,8 @@ from kvmap.metrics.evidence import (KeyEvidence, decide, evidence_of, fit_bounda
 ROLES = ("serial", "saturated", "level", "bisect", "extend")
 SERIAL_REQUESTS = 4
 STEP = 1.6                  # a level up or down before the bracket closes
-# No level above the saturated run's rate: arrivals faster than the machine's peak service
-# rate queue without bound, so a short probe there passes an SLA only because it ends
-# before its queue shows -- a rate that cannot be sustained is no capacity.
+# No level above the saturated run's rate: faster arrivals queue without bound, and a short
+# probe there passes only because it ends before its queue shows.
 
 __all__ = ["slo_attainment"]        # re-exported: the bench cell computes it from here
 
@@ -201,6 +200,16 @@ def level_probes(probes: list[Probe]) -> list[Probe]:
             and p.rate is not None]
 
 
+def _at(probes: list[Probe], rate: float) -> list[Probe]:
+    """The level probes run at ``rate`` (a level and its extensions)."""
+    return [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+
+
+def own_rate(serial: Probe) -> float | None:
+    """X1: a request's own rate, from the serial run (its throughput, else 1 / E2E)."""
+    return serial.requests_per_s or (1 / serial.e2e_mean_s if serial.e2e_mean_s else None)
+
+
 def rate_verdicts(probes: list[Probe]) -> dict[float, str]:
     """Each measured rate's verdict, pooled over every level (``evidence.pooled``); a
     rate with an over-saturated probe fails, one whose cells all failed is left out."""
@@ -208,7 +217,7 @@ def rate_verdicts(probes: list[Probe]) -> dict[float, str]:
     data = [(p.rate, list(p.evidence)) for p in levels]
     out = {}
     for rate in sorted({p.rate for p in levels}):
-        here = [p for p in levels if math.isclose(p.rate, rate, rel_tol=1e-6)]
+        here = [p for p in _at(probes, rate) if p.ok]
         out[rate] = "fail" if any(p.over_saturated for p in here) else pooled(data, rate)
     return out
 
@@ -223,8 +232,17 @@ def _bracket(verdicts: dict[float, str]) -> tuple[float | None, float | None]:
 
 def _requests_at(probes: list[Probe], rate: float) -> tuple[int, int]:
     """(requests measured at ``rate``, probes run there)."""
-    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+    here = _at(probes, rate)
     return sum(p.num_requests for p in here), len(here)
+
+
+def _counts_at(probes: list[Probe], rate: float) -> dict[str, tuple[int, int, float]]:
+    """Per SLA key ``(within, n, quantile)`` of the probes at ``rate``, pooled."""
+    out: dict[str, tuple[int, int, float]] = {}
+    for e in (e for p in _at(probes, rate) for e in p.evidence):
+        within, n, _ = out.get(e.key, (0, 0, e.quantile))
+        out[e.key] = (within + e.within, n + e.n, e.quantile)
+    return out
 
 
 def _worth_extending(probes: list[Probe], rate: float, cap: int) -> bool:
@@ -234,26 +252,15 @@ def _worth_extending(probes: list[Probe], rate: float, cap: int) -> bool:
     measured, _ = _requests_at(probes, rate)
     if measured >= cap or measured == 0:
         return False
-    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
-    for key in {e.key for p in here for e in p.evidence}:
-        ev = [e for p in here for e in p.evidence if e.key == key]
-        within, n = sum(e.within for e in ev), sum(e.n for e in ev)
-        scale = cap / measured
-        if decide(round(within * scale), round(n * scale), ev[0].quantile) == "undecided":
-            return False
-    return True
+    scale = cap / measured
+    return all(decide(round(within * scale), round(n * scale), q) != "undecided"
+               for within, n, q in _counts_at(probes, rate).values())
 
 
 def _point_passes(probes: list[Probe], rate: float) -> bool:
     """Whether every key's share at ``rate`` (its probes pooled) meets its quantile."""
-    here = [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
-    keys = {e.key for p in here for e in p.evidence}
-    for key in keys:
-        ev = [e for p in here for e in p.evidence if e.key == key]
-        n = sum(e.n for e in ev)
-        if not n or sum(e.within for e in ev) / n < ev[0].quantile:
-            return False
-    return bool(keys)
+    counts = _counts_at(probes, rate)
+    return bool(counts) and all(n and within / n >= q for within, n, q in counts.values())
 
 
 def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
@@ -269,7 +276,7 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
     levels = level_probes(probes)
     if len(levels) >= settings.max_probes or not (serial.ok and saturated.ok):
         return None                     # done, or the range runs failed: nothing to place
-    x1 = serial.requests_per_s or (1 / serial.e2e_mean_s if serial.e2e_mean_s else None)
+    x1 = own_rate(serial)
     xmax = saturated.requests_per_s or x1
     if not x1 or not xmax:
         return None
@@ -319,8 +326,7 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
 class SearchResult:
     """The SLA capacity of one configuration (requests/s) and how sure it is."""
 
-    status: str                       # decided | top (throughput-bound) | below |
-    #                                   undecided | unmeasured
+    status: str              # decided | top (throughput-bound) | below | undecided | unmeasured
     capacity: float | None            # the estimate: the fitted boundary in the bracket
     bracket: tuple[float, float] | None   # (highest decided pass, lowest decided fail)
     tolerance: float
