@@ -54,6 +54,9 @@ def run_summary(run_dir: Path, wall_s: float | None) -> dict:
     return {"run_dir": str(run_dir), "scenario": (meta.get("scenario") or {}).get("name"),
             "git": (meta.get("git") or {}).get("sha"),
             "machine_class": hw.get("machine_class"), "cpu_model": hw.get("cpu_model"),
+            # the run's own dtype: a run with KVMAP_NATIVE_BF16 forced has its profile's
+            "dtype": hw.get("auto_dtype_cpu"),
+            "native_bf16_forced": hw.get("native_bf16_forced"),
             "num_cells_ok": meta.get("num_cells_ok"),
             "num_cells_failed": meta.get("num_cells_failed"),
             "wall_s": wall_s, "run_span_s": _span_s(meta),
@@ -81,7 +84,11 @@ def main() -> int:
             ratio = f"{f['ratio']:.2f}" if f["ratio"] else "-"
             print(f"| {name} | {f['cells']} | {f['estimate_s']:.0f} | {f['actual_s']:.0f} "
                   f"| {ratio} |")
-    path = write_record("bench_wall", {"runs": args.runs}, {"runs": out})
+    # the record's class and dtype are its runs' (one forced to the other dtype is that
+    # dtype), when they agree; else the machine's, and each run entry says its own
+    dtypes = {s["dtype"] for s in out if s["dtype"]}
+    config = {"runs": args.runs, **({"dtype": dtypes.pop()} if len(dtypes) == 1 else {})}
+    path = write_record("bench_wall", config, {"runs": out})
     print(f"\nrecord: {path}")
     return 0
 

@@ -48,6 +48,14 @@ class CellEstimate:
                 **({"note": self.work.note} if self.work.note else {})}
 
 
+# A search's levels as it usually runs: a pass and a fail to bracket the capacity, then
+# one bisection or sequential extension (x86-amx default run of 2026-12-04: 2, 2, 4 and 2
+# levels; the most, ``max_probes``, is the budget guard's business, not the estimate's);
+# its capacity sat at 0.54-1.0 of the saturated rate there, each level near 0.8 of it.
+EXPECTED_LEVELS = 3
+LEVEL_SHARE = 0.8
+
+
 def family_of(cell: CellSpec) -> str:
     return cell.workload.name if cell.workload is not None else cell.task.name
 
@@ -150,22 +158,23 @@ class Estimator:
 
     def search(self, scenario: Scenario, template: CellSpec,
                probes: bool = False) -> list[CellEstimate]:
-        """An ``arrival: auto`` search at its most (``runs.search``): the serial and
-        saturated runs, then ``max_probes`` open-loop levels, each taken at 0.6 of the
-        saturated rate (a level lasts its schedule, N / rate). ``probes``: its first
-        probe runs the configuration's checklist probes (no other cell does)."""
-        from kvmap.runs.search import SERIAL_REQUESTS, SearchSettings
+        """An ``arrival: auto`` search as it usually runs (``runs.search``): the serial
+        and saturated runs, then ``EXPECTED_LEVELS`` open-loop levels (at most
+        ``max_probes``), each taken at ``LEVEL_SHARE`` of the saturated rate (a level
+        lasts its schedule, N / rate). A search that needs more probes is held to the
+        budget while it runs (``search_backend``: it stops, undecided, before a probe
+        that would overrun). ``probes``: its first probe runs the configuration's
+        checklist probes (no other cell does)."""
+        from kvmap.runs.search import SearchSettings
         settings = SearchSettings(**template.workload.search)
-        n = int(template.workload.options.get("num_requests") or 32)
-        serial = scenario.probe_cell(template, "serial", "closed:1", min(n, SERIAL_REQUESTS))
-        c = max(1, min(n, template.engine.max_num_seqs))
-        saturated = scenario.probe_cell(template, "saturated", f"closed:{c}", n)
+        serial, saturated = search_range_cells(scenario, template)
         out = [self.cell(serial, probes=probes), self.cell(saturated, probes=False)]
         busy = out[1].parts["prefill"] + out[1].parts["decode"]
-        rate = float(f"{0.6 * n / max(busy, 1e-3):.3g}")
+        n = saturated.workload.options["num_requests"]
+        rate = float(f"{LEVEL_SHARE * n / max(busy, 1e-3):.3g}")
         level = self.cell(scenario.probe_cell(template, "level", f"poisson:{rate:g}", n),
                           probes=False)
-        return out + [level] * settings.max_probes
+        return out + [level] * min(EXPECTED_LEVELS, settings.max_probes)
 
     def pool_requests(self, cells: list[CellSpec], entry) -> list[float]:
         """The requests the pool holds at each configuration that runs ``entry``."""
@@ -179,6 +188,15 @@ class Estimator:
             kept = spec.prompt_len.mean_tokens * kept_fraction(c.kv, c.model.dtype)
             out.append(self._pool(c, config).tokens / (kept + spec.output_len.mean_tokens))
         return out
+
+
+def search_range_cells(scenario: Scenario, template: CellSpec) -> tuple[CellSpec, CellSpec]:
+    """A search's serial and saturated runs (``runs.search.next_probe``'s first two)."""
+    from kvmap.runs.search import SERIAL_REQUESTS
+    n = int(template.workload.options.get("num_requests") or 32)
+    c = max(1, min(n, template.engine.max_num_seqs))
+    return (scenario.probe_cell(template, "serial", "closed:1", min(n, SERIAL_REQUESTS)),
+            scenario.probe_cell(template, "saturated", f"closed:{c}", n))
 
 
 def probe_cells(cells: list[CellSpec]) -> set[str]:
@@ -230,7 +248,7 @@ def estimate_cells(cells: list[CellSpec], rates: dict | None = None, warm: bool 
 
 
 def estimate_run(scenario: Scenario, est: Estimator) -> RunEstimate:
-    """The whole run of ``scenario``: its cells, then its searches at their most."""
+    """The whole run of ``scenario``: its cells, then its searches as they usually run."""
     cells = scenario.cells()
     probing = probe_cells(cells)
     out = [est.cell(c, c.cell_id in probing) for c in cells]

@@ -3,8 +3,8 @@ re-sizes what remains so that it lands inside its budget (``Replanner``).
 
 After every cell the runner reports the cells done; their actual wall time over their
 estimate is the run's ratio ``r``. The remaining cells at their present sizes are projected
-at ``r x`` their estimate (a search's probes, which the re-plan does not size, are counted
-at their most); with ``reserve_s`` kept for what follows the last cell (the report), the run
+at ``r x`` their estimate (a search's probes, which the re-plan does not size, at their
+estimate: a search holds itself to the budget as it runs, ``bench.search_budget``); with ``reserve_s`` kept for what follows the last cell (the report), the run
 is on course when
 
     elapsed + r x (remaining cells + the searches) + reserve  <=  budget.
@@ -71,7 +71,7 @@ class Replanner:
     ``scenario``: the scenario as written (the knobs' written values); ``values``: each
     knob's present value (the preflight's sizing); ``estimate(scenario)`` -> a
     ``RunEstimate`` of the whole scenario; ``extra_s``: the estimate of what runs after
-    the cells and is not sized here (a search's probes at their most); ``reserve_s``:
+    the cells and is not sized here (a search's probes as estimated); ``reserve_s``:
     kept for what follows (the report); ``spent_before_s``: what the run spent before its
     first cell (the CLI, the preflight), set by the caller when the cells start."""
 

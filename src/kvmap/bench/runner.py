@@ -77,7 +77,7 @@ class _Eta:
         self.parallelism = max(1, parallelism)
         self.durations: dict[str, list[float]] = {}
         self.estimate, self.ratio = estimate, [0.0, 0.0]      # actual, estimated
-        ids = {c.cell_id for c in cells}       # a search's probes, estimated at their most
+        ids = {c.cell_id for c in cells}       # a search's probes, as estimated
         self.extra = [e for e in (estimate.cells if estimate else ()) if e.cell_id not in ids]
 
     def finished(self, cell: CellSpec, duration_s: float) -> None:
@@ -150,7 +150,16 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     backend = with_endpoints(backend, cells)      # endpoint cells run here, beside it
     if searching:
         from kvmap.bench.search_backend import with_searches
-        backend = with_searches(backend, scenario, cells, retry_failed, predict)
+        time_left = sized = None
+        if replan is not None:              # the searches held to the budget as they run
+            plan = replan
+
+            def time_left() -> float:
+                return (plan.budget_s - plan.spent_before_s - plan.reserve_s
+                        - (time.perf_counter() - t_start))
+            sized = plan.sized_scenario
+        backend = with_searches(backend, scenario, cells, retry_failed, predict,
+                                time_left, sized)
     backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
                                      WrappingBackend)
 from kvmap.bench.capacity_prediction import predict_capacity
+from kvmap.bench.search_budget import SearchBudget
 from kvmap.runs.search import (Probe, SearchSettings, next_probe, own_rate,
                                rate_verdicts, requests_to_decide, result)
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
@@ -31,9 +32,11 @@ class SearchingBackend(WrappingBackend):
     """``inner``, then the searches of ``templates`` (``Scenario.searches``)."""
 
     def __init__(self, inner: CellBackend, scenario: Scenario, templates: list[CellSpec],
-                 cells: list[CellSpec], retry_failed: bool = False, predict=None):
+                 cells: list[CellSpec], retry_failed: bool = False, predict=None,
+                 budget: SearchBudget | None = None, sized=None):
         super().__init__(inner)
         self.scenario, self.templates = scenario, templates
+        self.budget, self.sized = budget, sized
         self.predict = predict.local() if hasattr(predict, "local") else predict
         self.first_ordinal, self.retry_failed = len(cells), retry_failed
         self.probed = {(c.model.label, c.model.dtype, c.kv) for c in cells
@@ -49,12 +52,13 @@ class SearchingBackend(WrappingBackend):
         if todo:
             yield from self.inner.run(todo, store, on_fraction)
         ordinal = self.first_ordinal
-        for template in self.templates:
+        for index, template in enumerate(self._templates()):
             settings = SearchSettings(**template.workload.search)
             stored = {c.cell_id: c for c in store.cells()}
             probes: list[Probe] = []
             records: list[CellRecord] = []
             predicted: float | None = None
+            stopped: str | None = None
             num_requests = int(template.workload.options.get("num_requests") or 32)
             while True:
                 if predicted is None and len(probes) == 2 and all(p.ok for p in probes):
@@ -67,16 +71,33 @@ class SearchingBackend(WrappingBackend):
                                                 step.num_requests, step.seed_offset)
                 cell = with_probes_once([cell], self.probed)[0]
                 record = stored.get(cell.cell_id)
-                if record is None or (record.status == "failed" and self.retry_failed):
+                fresh = record is None or (record.status == "failed" and self.retry_failed)
+                if fresh and self.budget is not None:
+                    stopped = self.budget.stop(index, step, probes,
+                                               [r.duration_s for r in records])
+                    if stopped:
+                        break
+                if fresh:
                     for res in self.inner.run([(ordinal, cell)], store, on_fraction):
                         yield res
                         record = res.record
                 ordinal += 1
                 records.append(record)
                 probes.append(Probe.of(record, settings.attainment))
+                if self.budget is not None:
+                    self.budget.ran(step.role, record.duration_s)
             needed = requests_to_decide(template.slo, settings.attainment,
                                         int(template.workload.options.get("output_len") or 1))
-            _save(store, template, result(probes, settings, predicted, needed), records)
+            _save(store, template, result(probes, settings, predicted, needed), records,
+                  stopped)
+
+    def _templates(self) -> list[CellSpec]:
+        """The searches at the run's present sizes: a re-plan after the cells may have cut
+        a search's requests per probe (``sized()``, the re-planned scenario)."""
+        if self.sized is None:
+            return self.templates
+        now = self.sized().searches()
+        return now if len(now) == len(self.templates) else self.templates
 
     def _predicted(self, template: CellSpec, probes: list[Probe],
                    records: list[CellRecord], store: RunStore) -> float | None:
@@ -91,7 +112,8 @@ class SearchingBackend(WrappingBackend):
                                 store.rows(records[1].cell_id), x1, saturated.requests_per_s)
 
 
-def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord]) -> None:
+def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord],
+          stopped: str | None = None) -> None:
     pooled = rate_verdicts(list(found.probes))
     path = store.dir / SEARCHES_FILE
     data = json.loads(path.read_text()) if path.is_file() else {}
@@ -103,7 +125,8 @@ def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord])
                    "attainment_target": found.attainment, "knee": found.knee,
                    "predicted_req_s": found.predicted, "num_requests": found.num_requests,
                    "requests_to_decide_a_pass": found.needed,
-                   "describe": found.describe()},
+                   "stopped": stopped,
+                   "describe": found.describe() + (f"; {stopped}" if stopped else "")},
         "probes": [{"cell_id": r.cell_id, "label": p.label, "role": p.role,
                     "status": r.status, "share": p.share, "num_requests": p.num_requests,
                     "keys": {e.key: {"within": e.within, "n": e.n, "quantile": e.quantile,
@@ -118,9 +141,14 @@ def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord])
 
 
 def with_searches(backend: CellBackend, scenario: Scenario, cells: list[CellSpec],
-                  retry_failed: bool = False, predict=None) -> CellBackend:
-    """``backend`` itself when the scenario has no ``arrival: auto`` workload."""
+                  retry_failed: bool = False, predict=None, time_left=None,
+                  sized=None) -> CellBackend:
+    """``backend`` itself when the scenario has no ``arrival: auto`` workload.
+    ``time_left()``: seconds the run's budget has left (``search_budget``; None: no
+    budget); ``sized()``: the scenario at the re-plan's present sizes."""
     templates = scenario.searches()
     if not templates:
         return backend
-    return SearchingBackend(backend, scenario, templates, cells, retry_failed, predict)
+    budget = SearchBudget(time_left, len(templates)) if time_left is not None else None
+    return SearchingBackend(backend, scenario, templates, cells, retry_failed, predict,
+                            budget, sized)
