@@ -1,0 +1,47 @@
+"""Prefill attention through torch's fused CPU kernel (``model.fused_prefill``) against
+the tiled products of ``attention._causal_chunk``, at fp32 and bf16, after cached keys
+and without; and where each dtype takes it (bf16 only with native bf16 multiplies)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvmap.model.attention import _causal_chunk
+from kvmap.model.fused_prefill import _FLASH, flash_chunk, flash_usable
+
+pytestmark = pytest.mark.skipif(_FLASH is None, reason="this torch build has no "
+                                "_scaled_dot_product_flash_attention_for_cpu")
+
+# worst absolute difference of an attention output (values ~N(0, 1)), each form rounding
+# its inputs to the dtype: fp32 to its accumulation order; bf16 to a few of its 8-bit
+# mantissa steps (2^-8 relative) over a softmax-weighted mean of unit values
+BOUND = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_past", [0, 37])
+def test_the_fused_kernel_equals_the_tiled_products(dtype, num_past):
+    g = torch.Generator().manual_seed(3)
+    H, G, C, D = 3, 3, 45, 64
+    L = num_past + C
+    qs = (torch.randn(H, G, C, D, generator=g) / D ** 0.5).to(dtype)
+    kc = torch.randn(H, L, D, generator=g).to(dtype)
+    vc = torch.randn(H, L, D, generator=g).to(dtype)
+    lse_f = torch.empty(H, G, C, dtype=torch.float32)
+    lse_t = torch.empty(H, G, C, dtype=torch.float32)
+    fused = flash_chunk(qs, kc, vc, num_past, lse_f)
+    tiled = _causal_chunk(qs, kc.transpose(1, 2), vc, num_past, None, lse_t)
+    assert fused.dtype == dtype
+    err = (fused.float() - tiled.float()).abs().max().item()
+    assert err <= BOUND[dtype], err
+    assert torch.allclose(lse_f, lse_t, atol=BOUND[dtype] * 4)
+
+
+def test_bf16_takes_the_fused_kernel_only_with_native_bf16(monkeypatch):
+    q32 = torch.zeros(1, 1, 2, 8)
+    q16 = q32.to(torch.bfloat16)
+    monkeypatch.setenv("KVMAP_NATIVE_BF16", "1")
+    assert flash_usable(q32) and flash_usable(q16)
+    monkeypatch.setenv("KVMAP_NATIVE_BF16", "0")
+    assert flash_usable(q32) and not flash_usable(q16)
+    assert not flash_usable(q32.to(torch.float16))
