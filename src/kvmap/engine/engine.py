@@ -86,7 +86,7 @@ class Engine:
         tiers = self.kv_config.tiers
         has_tiers = tiers is not None and bool(tiers.levels)
         per_layer = wants_per_layer_tables(self.kv_config.policy, codec, self.geom, self.dtype,
-                                           has_tiers)
+                                           has_tiers, self.kv_config.window_layout)
         warn_layer_kinds(self.geom, self.kv_config, per_layer, codec, self.dtype, has_tiers)
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype,
                                per_layer_tables=per_layer)

@@ -49,12 +49,14 @@ def shareable(codec, geom, compute_dtype) -> bool:
         codec.staging_bytes(geom, 1, compute_dtype) == 0
 
 
-def wants_per_layer_tables(policy, codec, geom, compute_dtype, has_tiers: bool) -> bool:
+def wants_per_layer_tables(policy, codec, geom, compute_dtype, has_tiers: bool,
+                           window_layout=None) -> bool:
     """Whether a cache for this configuration gets per-layer tables: for a model with
     sliding-window layers (their blocks slide out), and for a policy with
     ``layer_budgets`` (the default path keeps the shared table). The policy's
-    ``layer_tables`` option decides; unset, per-layer where the codec is ``shareable``
-    and there are no tiers (they index blocks by prefix hash), shared (masked) otherwise
+    ``layer_tables`` option decides; unset, per-layer where the codec is ``shareable``,
+    there are no tiers (they index blocks by prefix hash) and the ``window_layout``
+    (``all_global``) does not keep the sliding layers whole; shared (masked) otherwise
     (``per_layer_tables_blocker`` says why). ``layer_tables=per-layer`` that cannot be
     honoured raises a ValueError naming why. ``layer_budgets`` on a model with sliding
     layers is a ValueError (a sliding layer keeps its window, not a budget)."""
@@ -67,15 +69,21 @@ def wants_per_layer_tables(policy, codec, geom, compute_dtype, has_tiers: bool) 
     asked = policy.options.get("layer_tables") if policy is not None else None
     if asked == "shared":
         return False
-    why = per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers)
+    why = per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers, window_layout)
     if why is not None and asked == "per-layer":
         raise ValueError(f"{policy!r}: layer_tables=per-layer needs one store shared by "
                          f"every layer, but {why}; use layer_tables=shared")
     return why is None
 
 
-def per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers: bool) -> str | None:
-    """Why this codec and tier layout cannot have per-layer tables, or None."""
+def per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers: bool,
+                             window_layout=None) -> str | None:
+    """Why this codec, tier layout and window layout (``kvmap.kv.window_layout``; it
+    binds only a model with sliding layers) cannot have per-layer tables, or None."""
+    why = window_layout.per_layer_tables_blocker() \
+        if window_layout is not None and geom.sliding_layers else None
+    if why is not None:
+        return why
     if not shareable(codec, geom, compute_dtype):
         return f"codec {codec!r} keeps per-layer state (static scales or staging rows)"
     if has_tiers:
