@@ -6,7 +6,8 @@ Every workload cell whose record splits its peak resident bytes by layer kind
 the bytes of each kind and their total. A cell whose spec has the ``all_global`` window
 layout (``kvmap.kv.window_layout``: sliding layers keep their whole history) is the
 reference of the cell of the same model, workload, level and spec without that part
-(``auto+all_global`` for ``auto``); that cell's row carries the saving, the all-global
+(``auto+all_global`` for ``auto``, which the bench names by its dtype, ``bf16``);
+that cell's row carries the saving, the all-global
 peak over the windowed one, with both numbers:
 
     4.05x (48.0 MiB windowed vs 194.6 MiB all-global)
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 from kvmap.config import format_bytes
 from kvmap.kv import grammar
+from kvmap.kv.codecs import CODECS
+from kvmap.kv.config import AUTO_CODEC
 from kvmap.kv.window_layout import WINDOW_LAYOUTS
 from kvmap.runs.record import CellRecord
 
@@ -43,17 +46,22 @@ class LayerKindRow:
         return self.reference_bytes / self.total_bytes
 
 
-def split_window_layout(spec: str) -> tuple[str, bool]:
-    """``(spec without its window-layout part, whether it had all_global)``, the rest in
-    canonical part form, so ``auto+all_global`` and ``auto`` share the key ``auto``."""
+def split_window_layout(spec: str, dtype: str | None = None) -> tuple[str, bool]:
+    """``(the spec's key without its window-layout part, whether it had all_global)``.
+    The key is the rest's parts in canonical form and sorted, with ``auto`` (or a
+    missing codec) as the compute ``dtype``'s codec -- the bench names a bare ``auto``
+    cell by its dtype -- so ``auto+all_global`` and ``bf16`` share the key ``bf16``."""
     try:
         parts = grammar.parse(spec)
     except ValueError:
         return spec, False
-    rest = [p for p in parts if p.name not in WINDOW_LAYOUTS]
     whole = any(getattr(WINDOW_LAYOUTS[p.name], "keeps_whole_context", False)
                 for p in parts if p.name in WINDOW_LAYOUTS)
-    return "+".join(str(p) for p in rest), whole
+    rest = [p for p in parts if p.name not in WINDOW_LAYOUTS]
+    names = [dtype if p.name == AUTO_CODEC and dtype else str(p) for p in rest]
+    if dtype and not any(p.name in CODECS or p.name == AUTO_CODEC for p in rest):
+        names.append(dtype)
+    return "+".join(sorted(names)), whole
 
 
 def layer_kind_rows(cells: list[CellRecord]) -> list[LayerKindRow]:
@@ -63,7 +71,7 @@ def layer_kind_rows(cells: list[CellRecord]) -> list[LayerKindRow]:
         kinds = c.metrics.get("peak_kv_resident_bytes_by_kind")
         if c.status != "ok" or c.kind != "workload" or not kinds:
             continue
-        base, whole = split_window_layout(c.kv)
+        base, whole = split_window_layout(c.kv, c.dtype)
         load = (c.load or {}).get("label")
         key = (c.model, c.quantization, c.workload, load, base)
         found.append((key, whole, c, {k: int(v) for k, v in kinds.items()}))
