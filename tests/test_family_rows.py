@@ -15,6 +15,7 @@ from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_BACKENDS
 from kvmap.kv.tiers.eviction import EVICTION_ORDERS
 from kvmap.kv.tiers.prefetch import PREFETCH_ORDERS
+from kvmap.kv.window_layout import WINDOW_LAYOUTS
 from kvmap.model.linear import LINEARS
 from kvmap.model.wquant import QUANTIZATIONS, WEIGHT_FORMATS
 from kvmap.plan.sim.workload import SIM_DRAFTS
@@ -61,6 +62,10 @@ OWN_TESTS = {  # family -> member -> "module::test" that exercises it
         "mixed": "tests.workloads.test_workloads::"
                  "test_mixed_preset_has_every_kind_and_ordered_arrivals",
         "trace": "tests.workloads.test_workloads::test_trace_is_parsed_sorted_and_replayed",
+    }),
+    "window layout": (WINDOW_LAYOUTS, {
+        "all_global": "tests.kv.test_window_layout::"
+                      "test_sliding_layers_keep_everything_and_the_saving_is_measured",
     }),
     "bench backend": (BENCH_BACKENDS, {
         "local": "tests.bench.test_runner::test_run_store_and_summary",

@@ -158,3 +158,17 @@ def test_policy_leaves_sliding_layers_alone_with_a_warning():
 def test_layer_budgets_on_a_hybrid_model_is_refused():
     with pytest.raises(ValueError, match="layer_budgets on a model with sliding-window"):
         hybrid_llm(kv="h2o(budget=10,layer_budgets=pyramid)")
+
+
+@pytest.mark.parametrize("kv", ["fp32", "int8"])
+def test_all_global_layout_gives_the_windowed_tokens(kv):
+    """``all_global`` keeps the sliding layers' whole history but masks attention to the
+    window: the greedy tokens of prompts past the 8-token window are the default
+    layout's, in a mixed batch with chunked prefill."""
+    prompts = random_prompts([45, 12, 30], seed=11)
+    flat = hybrid_llm(kv=f"{kv}+all_global", block_size=4, max_num_batched_tokens=16)
+    assert not flat.engine.kv.per_layer_tables
+    assert greedy_ids(flat, prompts, max_tokens=16) == \
+        greedy_ids(hybrid_llm(kv=kv, block_size=4, max_num_batched_tokens=16), prompts,
+                   max_tokens=16)
+    flat.engine.check_integrity()

@@ -86,17 +86,18 @@ class Engine:
         tiers = self.kv_config.tiers
         has_tiers = tiers is not None and bool(tiers.levels)
         per_layer = wants_per_layer_tables(self.kv_config.policy, codec, self.geom, self.dtype,
-                                           has_tiers)
+                                           has_tiers, self.kv_config.window_layout)
         warn_layer_kinds(self.geom, self.kv_config, per_layer, codec, self.dtype, has_tiers)
         self.kv = PagedKVCache(codec, self.geom, num_blocks, self.device, self.dtype,
                                per_layer_tables=per_layer)
         # a selection policy keeps prefix caching: compaction writes only into blocks
-        # the sequence alone holds, and forgets the hashes of the blocks it rewrites;
-        # per-layer block tables (layer_budgets) free blocks per layer, so no prefix
-        # block stays whole to share
-        salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) \
-            if cc.enable_prefix_caching and not per_layer else None
+        # the sequence alone holds, and forgets the hashes of the blocks it rewrites.
+        # Per-layer block tables share groups for a hybrid model's sliding layers (a
+        # hit needs their window: LayerBlockPool.usable_hit), not with a policy
+        # (layer_budgets, or one on a hybrid model), whose compaction moves groups
         policy = self.kv_config.policy
+        salt = prefix_salt(self.model_id, self.kv_config.spec, config.dtype) \
+            if cc.enable_prefix_caching and (not per_layer or policy is None) else None
         # paging merges a paged-out front into every layer: not for sliding layers
         self.offload = self._make_offload(salt, paging=policy is None
                                           and not self.geom.sliding_layers)

@@ -83,7 +83,8 @@ class PagedKVCache:
                              f"per-layer blocks (per_layer_tables)")
         self.per_layer_tables = per_layer_tables
         if per_layer_tables:
-            self.pool = LayerBlockPool(num_blocks, geom.block_size, geom.num_layers)
+            self.pool = LayerBlockPool(num_blocks, geom.block_size, geom.num_layers,
+                                       geom.windows)
             shared = codec.allocate(num_blocks * geom.num_layers, geom, self.device,
                                     compute_dtype)
             self.layers: list[LayerStore] = [shared] * geom.num_layers
@@ -132,7 +133,8 @@ class PagedKVCache:
         ``first_live_slot(num_slots)`` (no later query sees them). Returns how many
         leading groups are released now (the caller keeps it, as ``num_released`` of
         the next call). A no-op without per-layer tables (sliding layers then keep their
-        context, masked)."""
+        context, masked). A group another sequence shares (a prefix hit) keeps its
+        blocks: the other may still see them; they go with the group."""
         if not (self.per_layer_tables and self.geom.sliding_layers):
             return num_released
         ends = []
@@ -140,7 +142,8 @@ class PagedKVCache:
             layer_end = min(len(block_ids), first_live_slot(
                 num_slots, self.geom.windows[layer]) // self.block_size)
             for j in range(num_released, layer_end):
-                self.pool.release(block_ids[j], layer)     # False if it already was
+                if self.pool.ref_counts[block_ids[j]] == 1:
+                    self.pool.release(block_ids[j], layer)     # False if it already was
             ends.append(layer_end)
         return max(num_released, min(ends))
 

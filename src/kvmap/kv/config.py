@@ -1,4 +1,5 @@
-"""A KV configuration is one value: codec + selection policy + tier layout.
+"""A KV configuration is one value: codec + selection policy + tier layout (+ a hybrid
+model's window layout, ``all_global``: ``kvmap.kv.window_layout``).
 
 ``KVConfig.parse("snapkv(budget=0.25)+int8(granularity=token)+tiers(host=512MiB)")``
 looks each part up in the codec, policy and tier registries. Each registry's classes
@@ -23,8 +24,10 @@ from kvmap.kv.policies.base import Policy
 from kvmap.kv.tiers import TIER_PARTS
 from kvmap.kv.tiers.backend import backends_top_down
 from kvmap.kv.tiers.layout import Layout
+from kvmap.kv.window_layout import WINDOW_LAYOUTS, WindowLayout
 
-_KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS}
+_KINDS = {"codec": CODECS, "policy": POLICIES, "tiers": TIER_PARTS,
+          "window layout": WINDOW_LAYOUTS}
 
 
 AUTO_CODEC = "auto"
@@ -46,6 +49,7 @@ def spec_names() -> dict[str, tuple[str, ...]]:
     tier backends a ``tiers(...)`` part accepts."""
     return {"codec": tuple(sorted([*CODECS, AUTO_CODEC])), "policy": tuple(sorted(POLICIES)),
             "tiers": tuple(sorted(TIER_PARTS)),
+            "window layout": tuple(sorted(WINDOW_LAYOUTS)),
             "tier backend": tuple(b.name for b in backends_top_down())}
 
 
@@ -55,6 +59,9 @@ class KVConfig:
     codec: Codec
     policy: Policy | None = None    # a selection policy; None: the full cache
     tiers: Layout | None = None     # ``tiers(...)`` or ``recompute``; None: no layout part
+    # ``all_global``: a hybrid model's sliding layers keep their whole history; None:
+    # they hold their window (kvmap.kv.window_layout)
+    window_layout: WindowLayout | None = None
 
     @classmethod
     def parse(cls, text: str | "KVConfig", dtype: str | None = None) -> "KVConfig":
@@ -109,7 +116,8 @@ class KVConfig:
             policy = None
         _check_evict_to(text, policy, found.get("tiers"))
         _check_prefill_offload(text, policy, found.get("tiers"))
-        return cls(spec=text.strip(), codec=codec, policy=policy, tiers=found.get("tiers"))
+        return cls(spec=text.strip(), codec=codec, policy=policy, tiers=found.get("tiers"),
+                   window_layout=found.get("window layout"))
 
     def __str__(self) -> str:
         return self.spec

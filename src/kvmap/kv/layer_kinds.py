@@ -59,7 +59,8 @@ def layer_kind_notes(geom: KVGeometry, policy, per_layer_tables: bool,
 def warn_layer_kinds(geom: KVGeometry, kv_config, per_layer_tables: bool, codec,
                      compute_dtype, has_tiers: bool) -> list[str]:
     """Warn (``UserWarning``) with ``layer_kind_notes``; returns them."""
-    blocker = per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers)
+    blocker = per_layer_tables_blocker(codec, geom, compute_dtype, has_tiers,
+                                       kv_config.window_layout)
     notes = layer_kind_notes(geom, kv_config.policy, per_layer_tables, blocker)
     for note in notes:
         warnings.warn(f"KV spec {kv_config.spec!r}: {note}", stacklevel=3)

@@ -55,7 +55,7 @@ def per_layer_tables(kv_config, model_config, block_size: int, has_tiers: bool) 
     hole and share no prefix blocks."""
     geom = KVGeometry.of(model_config, block_size)
     return wants_per_layer_tables(kv_config.policy, kv_config.codec, geom, COMPUTE_DTYPE,
-                                  has_tiers)
+                                  has_tiers, kv_config.window_layout)
 
 
 def window_layout(model_config, block_size: int, per_layer_tables: bool

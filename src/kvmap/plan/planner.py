@@ -165,7 +165,7 @@ def _kind_notes(geom: KVGeometry, kv: KVConfig, per_layer: bool,
                 has_tiers: bool) -> tuple[str, ...]:
     """What the spec leaves alone on a hybrid model's sliding layers (the engine's words)."""
     return tuple(layer_kind_notes(geom, kv.policy, per_layer, per_layer_tables_blocker(
-        kv.codec, geom, capacity.COMPUTE_DTYPE, has_tiers)))
+        kv.codec, geom, capacity.COMPUTE_DTYPE, has_tiers, kv.window_layout)))
 
 
 def _notes(model: PlanModel, kv: KVConfig, num_gpus: int, context_tokens: int,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jinja2
 
-from kvmap.report import interactive, plots
+from kvmap.report import hybrid_saving, interactive, plots
 from kvmap.report.analysis import Analysis
 from kvmap.report.fragmentation import HEADERS as FRAGMENTATION_HEADERS
 from kvmap.report.fragmentation import formatted, fragmentation_rows
@@ -87,6 +87,9 @@ def context(a: Analysis) -> dict:
         "table_headers": headers, "table_rows": rows, "ci_method": METHOD,
         "fragmentation_headers": FRAGMENTATION_HEADERS,
         "fragmentation_rows": [formatted(r) for r in fragmentation_rows(a.run.cells)],
+        "layer_kind_headers": hybrid_saving.HEADERS,
+        "layer_kind_rows": [hybrid_saving.formatted(r)
+                            for r in hybrid_saving.layer_kind_rows(a.run.cells)],
         "budget": fmt("kv_budget", a.budget_bytes) if a.budget_bytes else None,
         "deployments": [{"workload": d.workload, "slug": slug(d.workload),
                          "slo_source": d.slo_source, "slo_text": slo_text(d.slo),

@@ -9,6 +9,7 @@ from rich.text import Text
 from kvmap.config import format_bytes
 from kvmap.report.analysis import Analysis
 from kvmap.report.fragmentation import fragmentation_table
+from kvmap.report.hybrid_saving import layer_kind_table
 from kvmap.report.pareto import pareto_front
 from kvmap.report.table import rate_with_ci
 
@@ -102,9 +103,11 @@ def summary(a: Analysis) -> Group:
     from kvmap.report.power import power_lines
     from kvmap.report.prediction_view import calibration_table, prediction_text
     fragmentation = fragmentation_table(a.run.cells)
+    kinds = layer_kind_table(a.run.cells)
     predicted = calibration_table(a.run)
     power = search_lines(a.run.run_dir) + power_lines(a.configs, a.run.metadata)
     return Group(tradeoff_table(a), *([fragmentation] if fragmentation else []),
+                 *([kinds] if kinds else []),
                  recommendation_text(a), deployments_text(a), prediction_text(a.run),
                  *([predicted] if predicted else []), checklist_table(a),
                  *([Text("\n".join(power))] if power else []))
