@@ -29,16 +29,32 @@ STATE_KEY = "pair"
 
 
 @dataclass(frozen=True)
-class PairBuffers:
-    """One layer's stacked tensors (2, num_blocks, bs, ...) and their slot views
-    (2, num_slots, ...) that the writes index; ``z`` None when symmetric."""
+class Stacked:
+    """One stacked tensor (2, num_blocks, bs, Hp, R) and the views that a step's write
+    and row read index, made once (each view would be an operator of every step)."""
 
-    q: torch.Tensor
-    r: torch.Tensor
-    z: torch.Tensor | None
-    q_slots: torch.Tensor
-    r_slots: torch.Tensor
-    z_slots: torch.Tensor | None
+    full: torch.Tensor
+    slots: torch.Tensor        # (2, num_slots, Hp, R)             the write's
+    by_block: torch.Tensor     # (2 * num_blocks, bs * Hp * R)     HeadRows.gather_pair's
+    by_row: torch.Tensor       # (2 * num_slots * Hp, R)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "Stacked":
+        return cls(t, t.view(2, -1, *t.shape[3:]), t.view(2 * t.shape[1], -1),
+                   t.view(-1, t.shape[-1]))
+
+    def gather(self, rows: HeadRows) -> torch.Tensor:
+        """(2, H, B*L, R): ``rows.gather`` of K's half and of V's, in one pass."""
+        return rows.gather_pair(self.full, self.by_block, self.by_row)
+
+
+@dataclass(frozen=True)
+class PairBuffers:
+    """One layer's stacked codes and range parameters; ``z`` None when symmetric."""
+
+    q: Stacked
+    r: Stacked
+    z: Stacked | None
 
 
 def pairs(qk: TensorQuant, qv: TensorQuant) -> bool:
@@ -64,10 +80,8 @@ def allocate_pair(store: LayerStore, qk: SlotQuant, qv: SlotQuant, num_blocks: i
         store.blocks[f"{prefix}.r"] = r[i]
         if z is not None:
             store.blocks[f"{prefix}.z"] = z[i]
-
-    def slots(t):
-        return None if t is None else t.view(2, -1, *t.shape[3:])
-    store.state[STATE_KEY] = PairBuffers(q, r, z, slots(q), slots(r), slots(z))
+    store.state[STATE_KEY] = PairBuffers(Stacked.of(q), Stacked.of(r),
+                                         None if z is None else Stacked.of(z))
 
 
 def buffers(store: LayerStore, prefix: str = "k") -> PairBuffers | None:
@@ -76,7 +90,7 @@ def buffers(store: LayerStore, prefix: str = "k") -> PairBuffers | None:
     pair = store.state.get(STATE_KEY)
     if pair is None or store.blocks.get(f"{prefix}.q") is None:
         return None
-    return pair if store.blocks[f"{prefix}.q"]._base is pair.q else None
+    return pair if store.blocks[f"{prefix}.q"]._base is pair.q.full else None
 
 
 def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -101,10 +115,10 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
         r, z = call_params(xv, tuple(d + 1 for d in REDUCE_DIMS[q.granularity]), q.symmetric)
         codes = quantize(xv, r, z, q.grid)                                 # (2, T, H, Ds)
         r, z = r.squeeze(-1), (None if z is None else z.squeeze(-1))      # (2, T|1, Hp, G)
-    pair.q_slots.index_copy_(1, slot_ids, codes)
-    for p, slots in ((r, pair.r_slots), (z, pair.z_slots)):
+    pair.q.slots.index_copy_(1, slot_ids, codes)
+    for p, dst in ((r, pair.r), (z, pair.z)):
         if p is not None:           # a call-wide range (2, 1, ...) expanded to the slots
-            slots.index_copy_(1, slot_ids, p if p.shape[1] == T else p.expand(2, T, -1, -1))
+            dst.slots.index_copy_(1, slot_ids, p if p.shape[1] == T else p.expand(2, T, -1, -1))
     return True
 
 
@@ -116,9 +130,9 @@ def read_rows_pair(store: LayerStore, rows: HeadRows, q: SlotQuant, dtype: torch
     pair = buffers(store, q.prefix)
     if pair is None:
         return None
-    codes = rows.gather_pair(pair.q)                                     # (2, H, B*L, Ds)
-    r = rows.gather_pair(pair.r)                                         # (2, H, B*L, G)
-    z = None if pair.z is None else rows.gather_pair(pair.z)
+    codes = pair.q.gather(rows)                                          # (2, H, B*L, Ds)
+    r = pair.r.gather(rows)                                              # (2, H, B*L, G)
+    z = None if pair.z is None else pair.z.gather(rows)
     if not scaled:
         x = dequantize(codes, r.unsqueeze(-1), None if z is None else z.unsqueeze(-1),
                        q.grid, dtype)
