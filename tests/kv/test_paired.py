@@ -1,10 +1,12 @@
 """K and V in stacked buffers (``kvmap.kv.codecs.paired``) against the two quantizers
 each with its own tensors, for every case of the codec matrix that pairs: the same
 names, shapes and bytes in the store, the same codes and parameters after the engine's
-writes, the same row reads; and the stacked row gather against two single gathers."""
+writes (stacked eager encode, or the native one), the same row reads; and the stacked
+row gather against two single gathers."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from kvmap.kv.codecs import HeadRows, LayerStore
+from kvmap.kv.codecs import native
 from kvmap.kv.codecs.paired import buffers, pairs
 
 
@@ -38,9 +41,15 @@ def _apart(codec, dtype) -> LayerStore:
     return store
 
 
+@pytest.mark.parametrize("native_write", [True, False], ids=["native", "eager"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_paired_store_equals_apart(case, dtype, static_path):  # noqa: F811
+def test_paired_store_equals_apart(case, dtype, native_write, static_path,  # noqa: F811
+                                   monkeypatch):
+    """Paired writes run the native encode where it applies (``native.py``; eager if it
+    cannot build here) or the stacked eager one; both store the bytes of the apart
+    quantizers' eager writes."""
+    monkeypatch.setattr(native, "ENABLED", native_write)
     codec = make(case, static_path)
     quant = getattr(codec, "quant", None)
     if not quant or not pairs(quant["k"], quant["v"]):
@@ -82,3 +91,13 @@ def test_gather_pair_equals_two_gathers(row_bytes, param_heads):
     assert got.shape == (2, H, 2 * 2 * bs, row_bytes)
     for i in range(2):
         assert torch.equal(got[i], rows.gather(t[i].contiguous()))
+
+
+def test_native_write_builds_here():
+    """The native encode is what paired int writes run on this machine (a compiler is
+    present); where it cannot build, the eager path above still holds the bytes."""
+    if not native.ENABLED:
+        pytest.skip("KVMAP_NATIVE=0")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine")
+    assert native.quant_write_op() is not None, native._broken

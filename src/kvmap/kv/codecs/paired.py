@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.kv.codecs.base import LayerStore, ScaledRead
-from kvmap.kv.codecs.quant import call_params, dequantize, on_grid, quantize
+from kvmap.kv.codecs.native import quant_write_op
+from kvmap.kv.codecs.quant import IntGrid, call_params, dequantize, on_grid, quantize
 from kvmap.kv.codecs.quantizers import REDUCE_DIMS, SlotQuant, TensorQuant
 from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.spec import KVGeometry
@@ -103,6 +104,8 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
     if pair is None or k.shape != v.shape:
         return False
     T, H, D = k.shape
+    if _native(store, slot_ids, k, v, q, pair):
+        return True
     x = torch.stack((k, v))
     x = x if x.dtype == torch.float32 else x.float()                     # (2, T, H, D)
     g = q.group_len(D)
@@ -119,6 +122,21 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
     for p, dst in ((r, pair.r), (z, pair.z)):
         if p is not None:           # a call-wide range (2, 1, ...) expanded to the slots
             dst.slots.index_copy_(1, slot_ids, p if p.shape[1] == T else p.expand(2, T, -1, -1))
+    return True
+
+
+def _native(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            q: SlotQuant, pair: "PairBuffers") -> bool:
+    """The encode and write as one native operator (``native.py``) when the ranges are
+    per slot and the grid is an integer one; False: run eager."""
+    if not (isinstance(q.grid, IntGrid) and q.granularity in ("token", "group")
+            and k.device.type == "cpu"):
+        return False
+    op = quant_write_op()
+    if op is None:
+        return False
+    op(k, v, slot_ids, pair.q.slots, pair.r.slots, None if pair.z is None else pair.z.slots,
+       q.grid.bits, q.symmetric, q.group_len(k.shape[-1]), q.grid.amplitude, q.grid.offset)
     return True
 
 
