@@ -26,6 +26,7 @@ _broken: str | None = None      # why building failed once; then eager for good
 
 SOURCE = r"""
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Dispatch.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -110,20 +111,78 @@ void quant_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slo
   });
 }
 
+// K and V rows of a decode batch, heads first, from the stacked pool: unpacked codes,
+// then either decoded values (dequant) or exact centred codes plus their fp32 step.
+template <typename T>
+void rows_of(const uint8_t* qp, const at::Half* rp, const at::Half* zp, const int64_t* tab,
+             int64_t nblk, int64_t bs, int64_t Hp, int64_t H, int64_t B, int64_t nb,
+             int64_t Ds, int64_t G, int64_t bits, float amp, float off, bool scaled,
+             T* out, float* scale) {
+  const int64_t per = 8 / bits, D = Ds * per, g = D / G, L = nb * bs, mask = (1 << bits) - 1;
+  std::vector<float> code(D);
+  for (int64_t kv = 0; kv < 2; ++kv)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t l = 0; l < L; ++l) {
+          const int64_t slot = kv * nblk * bs + tab[b * nb + l / bs] * bs + l % bs;
+          const uint8_t* q = qp + (slot * H + h) * Ds;
+          const int64_t prow = (slot * Hp + (Hp == 1 ? 0 : h)) * G;
+          const int64_t orow = (kv * H + h) * B * L + b * L + l;
+          for (int64_t i = 0; i < Ds; ++i)
+            for (int64_t j = 0; j < per; ++j)
+              code[i + j * Ds] = static_cast<float>((q[i] >> (bits * j)) & mask);
+          for (int64_t gi = 0; gi < G; ++gi) {
+            const float step = static_cast<float>(rp[prow + gi]) / amp;
+            float shift = step * -off;
+            if (zp) shift = shift + static_cast<float>(zp[prow + gi]);
+            if (scaled) scale[orow * G + gi] = step;
+            for (int64_t d = gi * g; d < (gi + 1) * g; ++d)
+              out[orow * D + d] = static_cast<T>(scaled ? code[d] - off : code[d] * step + shift);
+          }
+        }
+}
+
+std::tuple<at::Tensor, at::Tensor> pair_rows(
+    const at::Tensor& q, const at::Tensor& r, const std::optional<at::Tensor>& z,
+    const at::Tensor& table, int64_t bits, double amplitude, double offset, bool scaled,
+    at::ScalarType dtype) {
+  TORCH_CHECK(q.dim() == 5 && q.size(0) == 2 && q.is_contiguous() && r.is_contiguous());
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && (!z || z->is_contiguous()));
+  const int64_t nblk = q.size(1), bs = q.size(2), H = q.size(3), Ds = q.size(4);
+  const int64_t Hp = r.size(3), G = r.size(4), B = table.size(0), nb = table.size(1);
+  const int64_t D = Ds * 8 / bits;
+  auto tab = table.contiguous();
+  at::Tensor out = at::empty({2, H, B * nb * bs, D}, q.options().dtype(dtype));
+  at::Tensor scale = at::empty({scaled ? 2 : 0, H, B * nb * bs, G}, q.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "pair_rows", [&] {
+    rows_of<scalar_t>(q.data_ptr<uint8_t>(), r.data_ptr<at::Half>(),
+                      z ? z->data_ptr<at::Half>() : nullptr, tab.data_ptr<int64_t>(), nblk,
+                      bs, Hp, H, B, nb, Ds, G, bits, float(amplitude), float(offset), scaled,
+                      out.data_ptr<scalar_t>(), scaled ? scale.data_ptr<float>() : nullptr);
+  });
+  return {out, scale};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvmap, m) {
+  m.def("pair_rows(Tensor q, Tensor r, Tensor? z, Tensor table, int bits, float amplitude, "
+        "float offset, bool scaled, ScalarType dtype) -> (Tensor, Tensor)");
   m.def("quant_write(Tensor k, Tensor v, Tensor slot_ids, Tensor(a!) q, Tensor(b!) r, "
         "Tensor(c!)? z, int bits, bool symmetric, int group, float amplitude, "
         "float offset) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(kvmap, CPU, m) { m.impl("quant_write", &quant_write); }
+TORCH_LIBRARY_IMPL(kvmap, CPU, m) {
+  m.impl("quant_write", &quant_write);
+  m.impl("pair_rows", &pair_rows);
+}
 """
 
 
-def quant_write_op():
-    """``torch.ops.kvmap.quant_write``, built on first use, or None (eager then)."""
+def ops():
+    """``torch.ops.kvmap`` (``quant_write``, ``pair_rows``), built on first use, or None
+    (eager then)."""
     global _op, _broken
     if not ENABLED or _broken is not None:
         return None
@@ -131,8 +190,8 @@ def quant_write_op():
         try:
             from torch.utils.cpp_extension import load_inline
             load_inline("kvmap_native", cpp_sources=[SOURCE], is_python_module=False,
-                        extra_cflags=["-O2"])
-            _op = torch.ops.kvmap.quant_write
+                        extra_cflags=["-O3", "-ffp-contract=off"])
+            _op = torch.ops.kvmap
         except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
             _broken = f"{type(e).__name__}: {e}"
             warnings.warn(f"native KV encode is off ({_broken[:200]}); running eager")

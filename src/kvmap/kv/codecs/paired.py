@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvmap.kv.codecs.base import LayerStore, ScaledRead
-from kvmap.kv.codecs.native import quant_write_op
+from kvmap.kv.codecs import native
 from kvmap.kv.codecs.quant import IntGrid, call_params, dequantize, on_grid, quantize
 from kvmap.kv.codecs.quantizers import REDUCE_DIMS, SlotQuant, TensorQuant
 from kvmap.kv.codecs.rows import HeadRows
@@ -132,10 +132,10 @@ def _native(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch
     if not (isinstance(q.grid, IntGrid) and q.granularity in ("token", "group")
             and k.device.type == "cpu"):
         return False
-    op = quant_write_op()
+    op = native.ops()
     if op is None:
         return False
-    op(k, v, slot_ids, pair.q.slots, pair.r.slots, None if pair.z is None else pair.z.slots,
+    op.quant_write(k, v, slot_ids, pair.q.slots, pair.r.slots, None if pair.z is None else pair.z.slots,
        q.grid.bits, q.symmetric, q.group_len(k.shape[-1]), q.grid.amplitude, q.grid.offset)
     return True
 
@@ -148,6 +148,16 @@ def read_rows_pair(store: LayerStore, rows: HeadRows, q: SlotQuant, dtype: torch
     pair = buffers(store, q.prefix)
     if pair is None:
         return None
+    op = native.ops() if (isinstance(q.grid, IntGrid) and rows.table.device.type == "cpu"
+                          and (q.symmetric or not scaled)) else None
+    if op is not None:       # gathered and decoded in one operator (native.py)
+        x, step = op.pair_rows(pair.q.full, pair.r.full, None if pair.z is None else
+                               pair.z.full, rows.table, q.grid.bits, q.grid.amplitude,
+                               q.grid.offset, scaled, dtype)
+        if not scaled:
+            return x.unbind(0)
+        (kc, vc), (ks, vs) = x.unbind(0), step.unbind(0)
+        return ScaledRead(kc, ks, None), ScaledRead(vc, vs, None)
     codes = pair.q.gather(rows)                                          # (2, H, B*L, Ds)
     r = pair.r.gather(rows)                                              # (2, H, B*L, G)
     z = None if pair.z is None else pair.z.gather(rows)
