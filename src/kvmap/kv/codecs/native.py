@@ -32,6 +32,7 @@ SOURCE = r"""
 #include <torch/library.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -111,63 +112,47 @@ void quant_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slo
   });
 }
 
-// K and V rows of a decode batch, heads first, from the stacked pool: unpacked codes,
-// then either decoded values (dequant) or exact centred codes plus their fp32 step.
-template <typename T>
-void rows_of(const uint8_t* qp, const at::Half* rp, const at::Half* zp, const int64_t* tab,
-             int64_t nblk, int64_t bs, int64_t Hp, int64_t H, int64_t B, int64_t nb,
-             int64_t Ds, int64_t G, int64_t bits, float amp, float off, bool scaled,
-             T* out, float* scale) {
-  const int64_t per = 8 / bits, D = Ds * per, g = D / G, L = nb * bs, mask = (1 << bits) - 1;
-  std::vector<float> code(D);
+// Rows of a decode batch, heads first, from a stacked pool tensor (2, nblk, bs, Hp, R):
+// out[kv, h, b * L + l, :] = t[kv, table[b, l / bs], l % bs, h or 0, :], one row copy
+// each (the eager read's gather, blocks-first copy and re-layout in one pass).
+void gather_rows(const uint8_t* src, uint8_t* dst, const int64_t* tab, int64_t nblk,
+                 int64_t bs, int64_t Hp, int64_t H, int64_t B, int64_t nb, int64_t row_bytes) {
+  const int64_t L = nb * bs;
   for (int64_t kv = 0; kv < 2; ++kv)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t l = 0; l < L; ++l) {
           const int64_t slot = kv * nblk * bs + tab[b * nb + l / bs] * bs + l % bs;
-          const uint8_t* q = qp + (slot * H + h) * Ds;
-          const int64_t prow = (slot * Hp + (Hp == 1 ? 0 : h)) * G;
-          const int64_t orow = (kv * H + h) * B * L + b * L + l;
-          for (int64_t i = 0; i < Ds; ++i)
-            for (int64_t j = 0; j < per; ++j)
-              code[i + j * Ds] = static_cast<float>((q[i] >> (bits * j)) & mask);
-          for (int64_t gi = 0; gi < G; ++gi) {
-            const float step = static_cast<float>(rp[prow + gi]) / amp;
-            float shift = step * -off;
-            if (zp) shift = shift + static_cast<float>(zp[prow + gi]);
-            if (scaled) scale[orow * G + gi] = step;
-            for (int64_t d = gi * g; d < (gi + 1) * g; ++d)
-              out[orow * D + d] = static_cast<T>(scaled ? code[d] - off : code[d] * step + shift);
-          }
+          const int64_t row = slot * Hp + (Hp == 1 ? 0 : h);
+          std::memcpy(dst + (((kv * H + h) * B + b) * L + l) * row_bytes,
+                      src + row * row_bytes, row_bytes);
         }
 }
 
-std::tuple<at::Tensor, at::Tensor> pair_rows(
-    const at::Tensor& q, const at::Tensor& r, const std::optional<at::Tensor>& z,
-    const at::Tensor& table, int64_t bits, double amplitude, double offset, bool scaled,
-    at::ScalarType dtype) {
-  TORCH_CHECK(q.dim() == 5 && q.size(0) == 2 && q.is_contiguous() && r.is_contiguous());
-  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && (!z || z->is_contiguous()));
-  const int64_t nblk = q.size(1), bs = q.size(2), H = q.size(3), Ds = q.size(4);
-  const int64_t Hp = r.size(3), G = r.size(4), B = table.size(0), nb = table.size(1);
-  const int64_t D = Ds * 8 / bits;
+std::vector<at::Tensor> pair_rows(at::TensorList ts, const at::Tensor& table, int64_t H) {
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2);
   auto tab = table.contiguous();
-  at::Tensor out = at::empty({2, H, B * nb * bs, D}, q.options().dtype(dtype));
-  at::Tensor scale = at::empty({scaled ? 2 : 0, H, B * nb * bs, G}, q.options().dtype(at::kFloat));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "pair_rows", [&] {
-    rows_of<scalar_t>(q.data_ptr<uint8_t>(), r.data_ptr<at::Half>(),
-                      z ? z->data_ptr<at::Half>() : nullptr, tab.data_ptr<int64_t>(), nblk,
-                      bs, Hp, H, B, nb, Ds, G, bits, float(amplitude), float(offset), scaled,
-                      out.data_ptr<scalar_t>(), scaled ? scale.data_ptr<float>() : nullptr);
-  });
-  return {out, scale};
+  const int64_t B = tab.size(0), nb = tab.size(1);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : ts) {
+    TORCH_CHECK(t.dim() == 5 && t.size(0) == 2 && t.is_contiguous());
+    const int64_t nblk = t.size(1), bs = t.size(2), Hp = t.size(3), R = t.size(4);
+    TORCH_CHECK(Hp == 1 || Hp == H);
+    const int64_t* ids = tab.data_ptr<int64_t>();
+    for (int64_t i = 0; i < B * nb; ++i)
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < nblk, "pair_rows: block ", ids[i], " outside 0..", nblk - 1);
+    at::Tensor o = at::empty({2, H, B * nb * bs, R}, t.options());
+    gather_rows(static_cast<const uint8_t*>(t.data_ptr()), static_cast<uint8_t*>(o.data_ptr()),
+                tab.data_ptr<int64_t>(), nblk, bs, Hp, H, B, nb, R * t.element_size());
+    out.push_back(o);
+  }
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(kvmap, m) {
-  m.def("pair_rows(Tensor q, Tensor r, Tensor? z, Tensor table, int bits, float amplitude, "
-        "float offset, bool scaled, ScalarType dtype) -> (Tensor, Tensor)");
+  m.def("pair_rows(Tensor[] stacked, Tensor table, int num_heads) -> Tensor[]");
   m.def("quant_write(Tensor k, Tensor v, Tensor slot_ids, Tensor(a!) q, Tensor(b!) r, "
         "Tensor(c!)? z, int bits, bool symmetric, int group, float amplitude, "
         "float offset) -> ()");

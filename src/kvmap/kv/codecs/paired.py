@@ -148,19 +148,15 @@ def read_rows_pair(store: LayerStore, rows: HeadRows, q: SlotQuant, dtype: torch
     pair = buffers(store, q.prefix)
     if pair is None:
         return None
-    op = native.ops() if (isinstance(q.grid, IntGrid) and rows.table.device.type == "cpu"
-                          and (q.symmetric or not scaled)) else None
-    if op is not None:       # gathered and decoded in one operator (native.py)
-        x, step = op.pair_rows(pair.q.full, pair.r.full, None if pair.z is None else
-                               pair.z.full, rows.table, q.grid.bits, q.grid.amplitude,
-                               q.grid.offset, scaled, dtype)
-        if not scaled:
-            return x.unbind(0)
-        (kc, vc), (ks, vs) = x.unbind(0), step.unbind(0)
-        return ScaledRead(kc, ks, None), ScaledRead(vc, vs, None)
-    codes = pair.q.gather(rows)                                          # (2, H, B*L, Ds)
-    r = pair.r.gather(rows)                                              # (2, H, B*L, G)
-    z = None if pair.z is None else pair.z.gather(rows)
+    op = native.ops() if rows.table.device.type == "cpu" else None
+    if op is not None:      # the three gathers in one operator (native.py)
+        stacked = [pair.q.full, pair.r.full] + ([] if pair.z is None else [pair.z.full])
+        codes, r, *z = op.pair_rows(stacked, rows.table, rows.num_heads)
+        z = z[0] if z else None
+    else:
+        codes = pair.q.gather(rows)                                      # (2, H, B*L, Ds)
+        r = pair.r.gather(rows)                                          # (2, H, B*L, G)
+        z = None if pair.z is None else pair.z.gather(rows)
     if not scaled:
         x = dequantize(codes, r.unsqueeze(-1), None if z is None else z.unsqueeze(-1),
                        q.grid, dtype)
