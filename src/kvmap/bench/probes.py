@@ -7,8 +7,9 @@
   quantizer whose scale spans several requests) shows here.
 - ``decode_ops``: operators launched in one decode step, counted by ``torch.profiler``
   over ``NUM_PROFILED_STEPS`` decode steps of one request (median): ``num_ops_per_step``
-  counts the outermost ``aten::`` calls (what Python dispatches: many small operators
-  where one fused kernel would do show up here), ``num_ops_all`` every ``aten::`` call
+  counts the outermost ``aten::`` and ``kvmap::`` (native) calls (what Python
+  dispatches: many small operators where one fused kernel would do show up here),
+  ``num_ops_all`` every such call
   including nested ones, ``num_kernel_launches`` the CUDA kernel launches (GPU only).
 
 Both run on the cell's own ``LLM`` and take a second or two on the CPU. They mutate the
@@ -54,14 +55,17 @@ def stability(llm, seed: int = 0) -> dict:
             "num_identical_prefix": same, "batch_size": len(batch)}
 
 
+OP_NAMESPACES = ("aten::", "kvmap::")   # torch's operators and kvmap's native ones
+
+
 def _count(events) -> tuple[int, int, int]:
     top = total = launches = 0
     for e in events:
         name = e.name
-        if name.startswith("aten::"):
+        if name.startswith(OP_NAMESPACES):
             total += 1
             parent = e.cpu_parent
-            if parent is None or not parent.name.startswith("aten::"):
+            if parent is None or not parent.name.startswith(OP_NAMESPACES):
                 top += 1
         elif name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"):
             launches += 1

@@ -142,7 +142,10 @@ class SlotOperand:
         H, BL, D = read.y.shape
         L = BL // B
         self.dtype = dtype
-        self.y = read.y.to(dtype).view(H * B, L, D)
+        # each operator counts in a decode step: none for a conversion or a view that
+        # would return its input (codes already in dtype; one sequence)
+        y = read.y if read.y.dtype == dtype else read.y.to(dtype)
+        self.y = y if B == 1 else y.view(H * B, L, D)
         self.scale = read.scale.view(H * B, 1, L)
         self.bias = None if read.bias is None else read.bias.view(H * B, 1, L)
 
@@ -155,18 +158,20 @@ class SlotOperand:
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
         """q (H*B, Gq, D) in the compute dtype -> (H*B, Gq, L) in the compute dtype."""
-        s = torch.bmm(q, self.y.transpose(1, 2)).float().mul_(self.scale)
+        # the product times the fp32 scale is an fp32 product (type promotion): the
+        # values of a cast then a multiplication, in one operator
+        s = torch.mul(torch.bmm(q, self.y.transpose(1, 2)), self.scale)
         if self.bias is not None:
             s.baddbmm_(q.float().sum(-1, keepdim=True), self.bias)
-        return s.to(self.dtype)
+        return s if s.dtype == self.dtype else s.to(self.dtype)
 
     def values(self, probs: torch.Tensor) -> torch.Tensor:
         """probs (H*B, Gq, L) -> (H*B, Gq, D) in the compute dtype."""
-        pf = probs.float()
-        o = torch.bmm((pf * self.scale).to(self.dtype), self.y)
+        ps = torch.mul(probs, self.scale)                     # fp32, as scale
+        o = torch.bmm(ps if ps.dtype == self.dtype else ps.to(self.dtype), self.y)
         if self.bias is None:
             return o
-        shift = torch.bmm(pf, self.bias.transpose(1, 2))                   # (H*B, Gq, 1)
+        shift = torch.bmm(probs.float(), self.bias.transpose(1, 2))        # (H*B, Gq, 1)
         return o.float().add_(shift).to(self.dtype)
 
 

@@ -195,9 +195,15 @@ def fp16_params(r: torch.Tensor, z: torch.Tensor | None
 def quantize(x: torch.Tensor, r: torch.Tensor, z: torch.Tensor | None, grid: Grid
              ) -> torch.Tensor:
     """x (..., G, g) float, r and z broadcastable to (..., G, 1) -> stored (..., G*g')."""
+    return grid.encode(on_grid(x, r, z, grid).flatten(-2))
+
+
+def on_grid(x: torch.Tensor, r: torch.Tensor, z: torch.Tensor | None, grid: Grid
+            ) -> torch.Tensor:
+    """y = (x - z) * amplitude / r, float32, x's shape (r and z broadcast to it): what
+    ``grid.encode`` rounds. A single group per row needs no (G, g) view of x."""
     inv_step = grid.amplitude / r.float().clamp_min(_TINY)
-    y = (x - z.float()) * inv_step if z is not None else x * inv_step
-    return grid.encode(y.flatten(-2))
+    return (x - z.float()) * inv_step if z is not None else x * inv_step
 
 
 def dequantize(q: torch.Tensor, r: torch.Tensor, z: torch.Tensor | None, grid: Grid,

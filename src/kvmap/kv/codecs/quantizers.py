@@ -25,8 +25,7 @@ import torch
 
 from kvmap.kv.codecs.base import LayerStore, ScaledRead, gather_blocks
 from kvmap.kv.codecs.rows import HeadRows
-from kvmap.kv.codecs.quant import (Grid, call_params, dequantize, minmax, quantize,
-                                   range_params)
+from kvmap.kv.codecs.quant import Grid, dequantize, minmax, quantize, range_params
 from kvmap.kv.spec import KVGeometry
 
 DEFAULT_GROUP_SIZE = 32     # granularity=group without group_size: gcd(32, head_dim)
@@ -165,33 +164,6 @@ class SlotQuant(TensorQuant):
             t = store.blocks.get(f"{self.prefix}.{name}")
             return None if t is None else rows.gather(t).unsqueeze(-1)      # (H, B*L, G, 1)
         return get("r"), get("z")
-
-
-def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               qk: TensorQuant, qv: TensorQuant) -> bool:
-    """Encode k and v (T, H, D) in one pass over both, stacked (2, T, H, D), when their
-    quantizers are plain :class:`SlotQuant` of one configuration (int8/int4/int2/fp8
-    with scale=max): every operator of the encode then runs once per layer instead of
-    twice (a decode step is mostly such small operators). The result is the same, value
-    for value, as ``qk.write`` then ``qv.write``. Returns False (nothing written) when
-    the quantizers differ or keep state (EMA, static ranges, per-block channels)."""
-    if not (type(qk) is SlotQuant and type(qv) is SlotQuant and qk.grid == qv.grid
-            and qk.symmetric == qv.symmetric and qk.granularity == qv.granularity
-            and qk.group_size == qv.group_size and k.shape == v.shape):
-        return False
-    T, H, D = k.shape
-    xv = torch.stack((k, v)).float().view(2, T, H, -1, qk.group_len(D))    # (2, T, H, G, g)
-    dims = tuple(d + 1 for d in REDUCE_DIMS[qk.granularity])
-    r, z = call_params(xv, dims, qk.symmetric)                             # (2, T|1, Hp, G, 1)
-    q = quantize(xv, r, z, qk.grid)                                        # (2, T, H, Ds)
-    # (2, T, Hp, G) once for K and V; a call-wide range (2, 1, ...) expanded to the slots
-    params = [(name, p.squeeze(-1) if p.shape[1] == T else p.squeeze(-1).expand(2, T, -1, -1))
-              for name, p in (("r", r), ("z", z)) if p is not None]
-    for i, prefix in enumerate((qk.prefix, qv.prefix)):
-        flat_slots(store.blocks[f"{prefix}.q"]).index_copy_(0, slot_ids, q[i])
-        for name, p in params:
-            flat_slots(store.blocks[f"{prefix}.{name}"]).index_copy_(0, slot_ids, p[i])
-    return True
 
 
 class EmaQuant(SlotQuant):

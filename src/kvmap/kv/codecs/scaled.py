@@ -29,8 +29,8 @@ from kvmap.kv.codecs.base import Codec, LayerStore, ScaledRead
 from kvmap.kv.codecs.block_quant import BlockQuant
 from kvmap.kv.codecs.calibrate import load_ranges
 from kvmap.kv.codecs.quant import Grid
-from kvmap.kv.codecs.quantizers import (EmaQuant, SlotQuant, StaticQuant, TensorQuant,
-                                        write_pair)
+from kvmap.kv.codecs.paired import allocate_pair, pairs, read_rows_pair, write_pair
+from kvmap.kv.codecs.quantizers import EmaQuant, SlotQuant, StaticQuant, TensorQuant
 from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.spec import KVGeometry
 
@@ -72,13 +72,16 @@ class QuantCodec(Codec):
         (None: layer 0, as for a one-block meta allocation that only counts bytes)."""
         self.validate_geometry(geom)
         store = LayerStore({}, state={"compute_dtype": compute_dtype, "layer_id": layer_id or 0})
+        if pairs(self.quant["k"], self.quant["v"]):   # K and V stacked: paired.py
+            allocate_pair(store, self.quant["k"], self.quant["v"], num_blocks, geom, device)
+            return store
         for q in self.quant.values():
             q.allocate(num_blocks, geom, device, compute_dtype, store)
         return store
 
     def write(self, store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-        if write_pair(store, slot_ids, k, v, self.quant["k"], self.quant["v"]):
+        if write_pair(store, slot_ids, k, v, self.quant["k"]):
             return
         self.quant["k"].write(store, slot_ids, k)
         self.quant["v"].write(store, slot_ids, v)
@@ -95,7 +98,14 @@ class QuantCodec(Codec):
     def read_rows_scaled(self, store: LayerStore, rows: HeadRows
                          ) -> tuple[ScaledRead, ScaledRead] | None:
         """``read_scaled`` of a decode batch's slots heads first (``TensorQuant``)."""
-        return self._both("read_rows_scaled", store, rows)
+        return self._rows(store, rows, True) or self._both("read_rows_scaled", store, rows)
+
+    def _rows(self, store: LayerStore, rows: HeadRows, scaled: bool):
+        """K and V of ``rows`` read together from stacked buffers (paired.py), or None."""
+        if not pairs(self.quant["k"], self.quant["v"]):
+            return None
+        return read_rows_pair(store, rows, self.quant["k"], store.state["compute_dtype"],
+                              scaled)
 
     def _both(self, method: str, store: LayerStore, where):
         """K's quantizer's ``method(store, where, compute dtype)``, then V's: the pair, or
@@ -140,7 +150,7 @@ class ScaledCodec(QuantCodec):
         super().validate()
 
     def read_rows(self, store: LayerStore, rows: HeadRows):
-        return self._both("read_rows", store, rows)
+        return self._rows(store, rows, False) or self._both("read_rows", store, rows)
 
     def quantizers(self) -> dict[str, TensorQuant]:
         o, grid = self.options, self.grid()
