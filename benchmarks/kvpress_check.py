@@ -11,7 +11,8 @@ press at ``compression_ratio = 1 - B``, in two modes -- ``blind`` (kvpress's own
 context compressed without the question) and ``window`` (the whole prompt compressed, as
 kvmap does). The pairs: snapkv / SnapKVPress (window 32, kernel 11 on both),
 streaming_llm(sinks=4) / StreamingLLMPress(n_sink=4), knorm / KnormPress, tova /
-TOVAPress, h2o / ObservedAttentionPress.
+TOVAPress, h2o / ObservedAttentionPress (kvpress's H2O-like press; ``KEEPS`` says what
+each side keeps, and the record carries it with every row).
 
 A pair agrees when kvmap's accuracy lies in the Wilson 95% interval of kvpress's in
 ``window`` mode and the other way round. The record keeps every answer.
@@ -42,6 +43,36 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS = {"snapkv": "snapkv(budget={b},window=32,kernel=11)",
          "streaming_llm": "streaming_llm(sinks=4,budget={b})",
          "knorm": "knorm(budget={b})", "tova": "tova(budget={b})", "h2o": "h2o(budget={b})"}
+# What each side keeps at the same budget (read from kvmap.kv.policies and kvpress 0.5.5's
+# presses): the granularity (per layer, per KV head) and what ranks the tokens. Both
+# sides keep the same number of tokens in every layer and head; kvpress compresses the
+# prompt once, kvmap also again during decoding each time a sequence grows a block past
+# its budget (after 16 of the 24 new tokens at most: past the 5-digit answer).
+KEEPS = {
+    "snapkv": {"kvmap": "per layer and KV head: attention of the last 32 prompt queries, "
+                        "summed over the head's query heads, avg-pooled (kernel 11); the "
+                        "32 window tokens always kept",
+               "kvpress": "SnapKVPress: the same per layer and KV head (attention of the "
+                          "last 32 queries, averaged over the group's query heads, "
+                          "avg-pooled, kernel 11), window kept"},
+    "streaming_llm": {"kvmap": "4 sinks + the most recent tokens, the same in every layer "
+                               "and head",
+                      "kvpress": "StreamingLLMPress(n_sink=4): the same"},
+    "knorm": {"kvmap": "per layer and KV head: the keys of smallest L2 norm; no forced "
+                       "sinks or recent tokens",
+              "kvpress": "KnormPress: the same (score -||k|| per layer and KV head)"},
+    "tova": {"kvmap": "per layer, one set for all heads: attention of the newest query "
+                      "(the prompt's last token), averaged over all query heads",
+             "kvpress": "TOVAPress: the same, plus the last token itself kept (scored "
+                        "with the maximum)"},
+    "h2o": {"kvmap": "per layer and KV head: half the budget the most recent tokens, the "
+                     "other half the largest attention *summed* over every prompt query "
+                     "(H2O's heavy hitters + recent window)",
+            "kvpress": "ObservedAttentionPress (kvpress 0.5.5 has no press named H2O; "
+                       "this is its H2O-like one): per layer and KV head, attention "
+                       "*averaged* over the queries that see each key (sum / number of "
+                       "later queries), no recent window"},
+}
 
 
 def kvmap_side(args, specs: dict[str, str], start_peer) -> tuple[list, dict, object]:
@@ -95,7 +126,7 @@ def accuracy(correct: list[bool]) -> dict:
 def compare(cases, kvmap_correct: dict, peer: dict) -> list[dict]:
     rows = []
     for name, correct in kvmap_correct.items():
-        row = {"policy": name, "kvmap": accuracy(correct)}
+        row = {"policy": name, "kvmap": accuracy(correct), "keeps": KEEPS.get(name)}
         for mode, answers in peer["answers"].get(name, {}).items():
             row[f"kvpress_{mode}"] = accuracy([contains_key(a, c.key)
                                                for a, c in zip(answers, cases)])
@@ -133,7 +164,7 @@ def main() -> None:
     unknown = [n for n in names if n not in PAIRS]
     if unknown:
         raise SystemExit(f"unknown policies {unknown}; valid: {', '.join(PAIRS)}")
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()
     specs = {"none": "bf16", **{n: PAIRS[n].format(b=f"{args.budget:g}") for n in names}}
     with tempfile.TemporaryDirectory() as tmp:
         cases, kvmap_correct, started_peer = kvmap_side(
@@ -146,13 +177,18 @@ def main() -> None:
     for r in rows:
         print(f"{r['policy']:14s} {fmt(r['kvmap']):20s} {fmt(r.get('kvpress_window')):20s} "
               f"{fmt(r.get('kvpress_blind')):20s} {r.get('agree', '-')}")
+    for r in rows:
+        if r["keeps"]:
+            print(f"\n{r['policy']}: kvmap keeps {r['keeps']['kvmap']};\n"
+                  f"  kvpress keeps {r['keeps']['kvpress']}")
     path = write_record("kvpress_check", {
         "budget": args.budget, "contexts": args.contexts, "depths": args.depths,
         "samples": args.samples, "seed": args.seed, "kvmap_specs": specs,
         "kvpress": {k: peer[k] for k in ("kvpress", "transformers", "ratio", "snapkv")},
         "model": "SmolLM2-135M-Instruct Q4_1 GGUF, dense bf16 weights on both sides",
         "dtype": "bf16"}, {"rows": rows, "sample_ids": [c.sample_id for c in cases],
-                           "wall_s": time.perf_counter() - started})
+                           "wall_s": time.perf_counter() - started,
+                           "load_avg_start": load_start, "load_avg_end": os.getloadavg()})
     print(f"record: {path}")
 
 

