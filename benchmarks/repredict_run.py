@@ -31,13 +31,18 @@ from kvmap.runs.names import base_name  # noqa: E402
 KEY = "output_tokens_per_s"
 
 
-def scenario_cell(cells: list, record: dict):
-    """The scenario's cell of ``record``'s model, KV spec and workload (a search's probe
-    shares its base cell's configuration; its own requests come from its rows)."""
-    for cell in cells:
+def scenario_cell(scenario, record: dict):
+    """The scenario's cell of ``record``'s model, KV spec and workload; a search's probe
+    is its search's cell at the probe's arrival (``Scenario.probe_cell``)."""
+    search = (record.get("load") or {}).get("search")
+    for cell in scenario.searches() if search else scenario.cells():
         if cell.workload is not None and cell.kv == record["kv"] \
                 and base_name(cell.workload.name) == base_name(record["workload"]) \
                 and cell.model.name == record["model"]:
+            if search:
+                params = record.get("params") or {}
+                cell = scenario.probe_cell(cell, search.get("role", "level"),
+                                           params["arrival"], int(params["num_requests"]))
             return replace(cell, cell_id=record["cell_id"])
     return None
 
@@ -48,13 +53,12 @@ def main() -> None:
     args = ap.parse_args()
     run = load_run(args.run_dir)
     scenario = load_scenario(os.path.join(args.run_dir, "scenario.yaml"))
-    cells = scenario.cells()
     predictor = CellPredictor(gpu=None)
     by_id = {r.cell_id: r.to_dict() for r in run.cells}
     rows, skipped = [], {}
     for cal in calibration(run.cells).cells:
         record = by_id[cal.cell_id]
-        cell = scenario_cell(cells, record)
+        cell = scenario_cell(scenario, record)
         if cell is None:
             skipped[cal.cell_id] = "no cell of its model, KV spec and workload"
             continue
