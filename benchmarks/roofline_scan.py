@@ -1,7 +1,7 @@
 """Where can a KV saving become speed on this machine? The simulator's answer, scanned.
 
-For the embedded SmolLM2-135M on ``cpu-this-machine`` (the hardware profile, the step
-overheads and each codec's measured costs, :mod:`kvmap.plan.sim.machine`), a closed loop
+For the embedded SmolLM2-135M on ``cpu-this-machine`` (the hardware profile and the
+calibration record of its class and dtype, :mod:`kvmap.plan.sim.machine`), a closed loop
 of requests that keeps a KV pool full, over pool sizes (in tokens of the compute dtype's
 plain cache) and request shapes (prompt, output): the predicted output throughput of
 int8 and int4 over the plain cache's, beside the decode step's weight bytes and the
@@ -57,7 +57,6 @@ def main() -> None:
     model = PlanModel(config)
     hw = machine.this_machine("auto", args.threads)
     dtype = hw.compute_dtype
-    costs = {kv: machine.kv_costs(kv, config, "auto", args.threads) for kv in (dtype, *CODECS)}
     gpu = gpu_hardware(args.gpu)
     plain_block = KVConfig.parse(dtype).codec.block_bytes(KVGeometry.of(config, 16),
                                                           COMPUTE_DTYPE)
@@ -77,7 +76,7 @@ def main() -> None:
                    "output_tokens": shape[1], "num_requests": num, "weight_bytes": weight_bytes,
                    "cpu": {}, "gpu": {}}
             for kv in (dtype, *CODECS):
-                row["cpu"][kv] = rate(model, kv, dtype, hw, costs[kv], pool_bytes, shape, num)
+                row["cpu"][kv] = rate(model, kv, dtype, hw, None, pool_bytes, shape, num)
                 row["gpu"][kv] = rate(model, kv, "bf16", gpu, bytes_only(kv), pool_bytes,
                                       shape, num)
             base, gbase = row["cpu"][dtype], row["gpu"][dtype]
@@ -97,7 +96,7 @@ def main() -> None:
           f"int4 {best['int4_ratio']:.2f}x (load {os.getloadavg()[0]:.1f})")
     path = write_record("roofline_scan", {"threads": args.threads, "gpu": args.gpu,
                                           "hardware": hw.label, "gpu_hardware": gpu.label,
-                                          "kv_costs": {k: v.to_dict() for k, v in costs.items()}},
+                                          "calibration": hw.calibration.to_dict()},
                         {"rows": rows, "best_int8": best,
                          "load_average": os.getloadavg()[0]})
     print(f"wrote {path}")

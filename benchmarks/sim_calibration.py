@@ -1,11 +1,8 @@
 """Calibrate ``kvmap simulate`` against the real engine on this machine.
 
-1. Measure this machine: its hardware profile (``kvmap hw --refresh``: the compute
-   curve, the weight stream) and the per-step, per-layer and per-sequence overheads of
-   the engine on random tiny models (``kvmap.plan.sim.machine.this_machine(refresh=
-   True)``), and each KV configuration's own costs at the model's geometry
-   (``machine.kv_costs``: the codec's write and read, a policy's scoring), right before
-   the runs (the machine is shared: its speed drifts within minutes).
+1. This machine as the simulator sees it: its hardware profile and the calibration
+   record of its class and dtype (``kvmap.plan.sim.machine.this_machine``: the record
+   the budget estimate uses, ``kvmap.perf.calibration``; the codec's cost is its factor).
 2. Run small workloads through the engine (``LLM()``, the embedded SmolLM2-135M in the
    machine's auto dtype, ``--threads``) and through the simulator on the measured
    ``cpu-this-machine``, with the same requests (exact prompt token counts), pool, block
@@ -17,7 +14,7 @@
    64 requests of 180-220 prompt and 64 output tokens in a closed loop of 64), per KV
    configuration (bf16, int8, int4 and one policy), the KV specs alternating over
    ``--repeats``: the engine's output tokens/s beside what ``kvmap simulate`` on
-   ``cpu-this-machine`` (with the configuration's measured costs) predicts for the same
+   ``cpu-this-machine`` predicts for the same
    requests and pool, the machine slowed to the share of its threads' time the engine
    ran (its process CPU time over its wall time x threads: on a machine others load, a
    run of minutes gets that share; the probes, short and repeated, measure the machine
@@ -27,10 +24,10 @@
    engine's own steps (decode-only ones and ones with a prefill chunk), apart from the
    scheduling.
 
-In steps 1-3 a half-second speed probe taken right after the measurement and around
-each engine run rescales the profile to the machine's speed during the run
-(``calibrate.scaled``; the unscaled prediction is reported too); in step 4 it is printed
-beside the CPU share. The reported error is the median of the per-repeat errors. The record names the machine class and the load average of every
+In steps 1-3 the estimate's slowdown (``bench.estimate.current_slowdown``: the decode-step
+proxy now over the calibration's) taken around each engine run rescales the calibrated
+machine to its speed during the run (``hardware.scaled``; the unscaled prediction is
+reported too); in step 4 it is printed beside the CPU share. The reported error is the median of the per-repeat errors. The record names the machine class and the load average of every
 run: figures from a loaded machine (load above ~2.5 on two cores) are not speed claims.
 
     .venv/bin/python benchmarks/sim_calibration.py            # three workloads
@@ -59,7 +56,7 @@ from kvmap.kv.config import KVConfig  # noqa: E402
 from kvmap.plan.catalogue import PlanModel  # noqa: E402
 from kvmap.plan.sim import EngineSettings, SimConfig, simulate  # noqa: E402
 from kvmap.plan.sim import machine  # noqa: E402
-from kvmap.plan.sim.calibrate import scaled, scaled_costs, speed_probe_s  # noqa: E402
+from kvmap.plan.sim.hardware import scaled  # noqa: E402
 from kvmap.plan.sim.costmodel import (KVWork, StepLoad, causal_pairs, model_cost,  # noqa: E402
                                       step_cost)
 from kvmap.plan.sim.workload import requests_from_workload  # noqa: E402
@@ -152,11 +149,19 @@ def timed_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> dict:
             "loads": loads, "decode_s": sum(decode), "prefill_s": sum(times) - sum(decode)}
 
 
+def slowdown(hw, threads: int) -> float:
+    """The estimate's slowdown now (``current_slowdown``: above 1 on a machine busier than
+    at calibration; 1 off the calibration's class)."""
+    from types import SimpleNamespace
+
+    from kvmap.bench.estimate import current_slowdown
+    return current_slowdown(SimpleNamespace(step_s=None, num_threads=threads), hw.calibration)
+
+
 def step_errors(measured: dict, config: SimConfig) -> dict:
     """The cost model on the engine's own steps: predicted over measured seconds of the
     decode-only steps and of the steps with a prefill chunk (the scheduling left out)."""
-    mc = model_cost(config.model, config.kv, config.hardware, 16, config.weights,
-                    config.kv_costs)
+    mc = model_cost(config.model, config.kv, config.hardware, 16, config.weights)
     sums = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}
     for t, load in zip(measured["times"], measured["loads"]):
         if load.num_tokens:
@@ -198,20 +203,15 @@ def bound(args) -> list[dict]:
                     for r in requests_from_workload(requests, first.tokenizer)]
     for llm in llms.values():                                 # warm-up
         run_bound(llm, prompts[:2], 4)
-    # the profile measured now, and with it (its caches follow the profile) every
-    # configuration's costs and the layer's own work, once
-    hw = machine.this_machine("auto", args.threads, refresh=True)
-    costs = {kv: machine.kv_costs(kv, first.model_config, "auto", args.threads)
-             for kv in specs}
-    probe_at_measure = speed_probe_s()
+    hw = machine.this_machine("auto", args.threads)
     runs: dict[str, list[dict]] = {kv: [] for kv in specs}
     for _ in range(args.repeats):
         for kv, llm in llms.items():
-            before = speed_probe_s()
+            before = slowdown(hw, args.threads)
             load = os.getloadavg()[0]
             measured = timed_run(llm, prompts, BOUND_OUTPUT_TOKENS)
             tok_s, most = measured["tok_s"], measured["most"]
-            probe_factor = probe_at_measure / ((before + speed_probe_s()) / 2)
+            probe_factor = 2 / (before + slowdown(hw, args.threads))
             # the share of its threads' time the engine ran: on a machine others load,
             # the simulated machine is that much slower (the probes, short and repeated,
             # measure it unloaded)
@@ -219,13 +219,12 @@ def bound(args) -> list[dict]:
             config = SimConfig(name=f"bound-{kv}", model=PlanModel(llm.model_config),
                                hardware=scaled(hw, factor),
                                kv=KVConfig.parse(kv, dtype=hw.compute_dtype), workload=None, weights=hw.compute_dtype,
-                               kv_costs=scaled_costs(costs[kv], factor),
                                engine=EngineSettings(block_size=16, max_num_seqs=num,
                                                      max_num_batched_tokens=512,
                                                      enable_prefix_caching=False,
                                                      kv_memory_bytes=parse_size(BOUND_KV_MEMORY)))
             sim, sim_decode_s, sim_prefill_s = sim_phases(config, sim_requests)
-            unscaled = simulate(replace(config, hardware=hw, kv_costs=costs[kv]), sim_requests)
+            unscaled = simulate(replace(config, hardware=hw), sim_requests)
             runs[kv].append({"engine": tok_s, "simulated": sim.metrics["output_tokens_per_s"],
                              **step_errors(measured, config),
                              "engine_decode_s": measured["decode_s"],
@@ -236,7 +235,7 @@ def bound(args) -> list[dict]:
                              "engine_max_running": most,
                              "simulated_max_running": sim.kv["max_running"],
                              "simulated_time_s": dict(sim.time_s), "cpu_share": factor,
-                             "speed_probe_factor": probe_factor,
+                             "estimate_speed_factor": probe_factor,
                              "load_average": (load, os.getloadavg()[0])})
             print(f"bound {kv}: engine {tok_s:.1f} tok/s ({most} running; decode steps "
                   f"{measured['decode_s']:.1f} s, steps with prefill "
@@ -245,7 +244,8 @@ def bound(args) -> list[dict]:
                   f"{sim_decode_s:.1f} s, {sim_prefill_s:.1f} s; the cost model on the "
                   f"engine's steps: decode {runs[kv][-1]['decode_step_model_error']:+.0%}, "
                   f"with prefill {runs[kv][-1]['prefill_step_model_error']:+.0%}), load "
-                  f"{load:.1f}, CPU share {factor:.2f} (speed probe {probe_factor:.2f})",
+                  f"{load:.1f}, CPU share {factor:.2f} (the estimate's speed factor "
+                  f"{probe_factor:.2f})",
                   flush=True)
     base = specs[0]
     rows = []
@@ -254,7 +254,7 @@ def bound(args) -> list[dict]:
         errors = [r["simulated"] / r["engine"] - 1 for r in per]
         ratio_errors = [(r["simulated"] / b["simulated"]) / (r["engine"] / b["engine"]) - 1
                         for r, b in zip(per, runs[base])]
-        rows.append({"kv": kv, "runs": per, "kv_costs": costs[kv].to_dict(),
+        rows.append({"kv": kv, "runs": per, "calibration": hw.calibration.source,
                      "engine_output_tokens_per_s": statistics.median(r["engine"] for r in per),
                      "simulated_output_tokens_per_s":
                          statistics.median(r["simulated"] for r in per),
@@ -324,7 +324,6 @@ def calibration(args) -> list[dict]:
               enable_prefix_caching=False)         # the repeats send the same prompts
     model = PlanModel(llm.model_config)
     rows, record = [], []
-    costs = machine.kv_costs("bf16", llm.model_config, "auto", args.threads)
     for label, spec, num_seqs in workloads(args.quick):
         llm.engine.scheduler.config = replace(llm.engine.scheduler.config,
                                               max_num_seqs=num_seqs)
@@ -338,28 +337,26 @@ def calibration(args) -> list[dict]:
         # simulates on the measured profile scaled by the probes' ratio.
         for repeat in range(args.repeats):
             t0 = time.perf_counter()
-            hw = machine.this_machine("auto", args.threads, refresh=True)
-            probe_at_measure = speed_probe_s()
+            hw = machine.this_machine("auto", args.threads)
+            before = slowdown(hw, args.threads)
             probe_s = time.perf_counter() - t0
-            before = speed_probe_s()
             real = run_engine(llm, requests)
-            after = speed_probe_s()
-            factor = probe_at_measure / ((before + after) / 2)
+            factor = 2 / (before + slowdown(hw, args.threads))
             config = SimConfig(name=label, model=model, hardware=scaled(hw, factor),
                                kv=KVConfig.parse("bf16"), workload=None,
-                               weights=hw.compute_dtype, kv_costs=scaled_costs(costs, factor),
+                               weights=hw.compute_dtype,
                                engine=EngineSettings(block_size=16, max_num_seqs=num_seqs,
                                                      max_num_batched_tokens=512,
                                                      enable_prefix_caching=False,
                                                      kv_memory_bytes=parse_size(KV_MEMORY)))
             sim = simulate(config, sim_requests)
-            unscaled = simulate(replace(config, hardware=hw, kv_costs=costs), sim_requests)
+            unscaled = simulate(replace(config, hardware=hw), sim_requests)
             pairs.append((hw, sim, real, factor, unscaled))
             print(f"{label} #{repeat}: matmul peak {hw.compute_flops / 1e9:.0f} GFLOP/s "
                   f"({hw.curve_efficiency(1):.0%} at 1 row, {hw.curve_efficiency(num_seqs):.0%}"
-                  f" at {num_seqs}), weight stream {hw.memory_bandwidth / 1e9:.1f} GB/s, overhead "
-                  f"{hw.step_overhead_s * 1e3:.2f} ms + {hw.layer_overhead_s * 1e3:.3f} ms/layer"
-                  f" + {hw.seq_overhead_s * 1e3:.3f} ms/seq (probe {probe_s:.1f} s, load "
+                  f" at {num_seqs}), weight stream {hw.memory_bandwidth / 1e9:.1f} GB/s, "
+                  f"calibration {hw.calibration.machine_class}/{hw.calibration.dtype} (probe "
+                  f"{probe_s:.1f} s, load "
                   f"{os.getloadavg()[0]:.1f}, speed factor {factor:.2f}); TBT p50 simulated "
                   f"{sim.metrics['tbt_s']['p50'] * 1e3:.1f} ms (unscaled "
                   f"{unscaled.metrics['tbt_s']['p50'] * 1e3:.1f}), measured "
@@ -367,7 +364,8 @@ def calibration(args) -> list[dict]:
         entry = {"workload": label, "num_requests": len(requests), "max_num_seqs": num_seqs,
                  "prompt_tokens": [r.prompt_tokens for r in sim_requests],
                  "output_tokens": [r.output_tokens for r in sim_requests],
-                 "hardware": [dict(p[0].__dict__) for p in pairs],
+                 "hardware": [p[0].label for p in pairs],
+                 "calibration": pairs[0][0].calibration.to_dict(),
                  "speed_factors": [p[3] for p in pairs],
                  "bound_share": [p[1].bound_share for p in pairs], "metrics": {}}
         for key, stat, name in METRICS:

@@ -1,4 +1,5 @@
-"""Engine settings as command-line options, declared once.
+"""Engine settings (and any frozen dataclass of settings: ``kvmap serve``'s ``ServerArgs``)
+as command-line options, declared once.
 
 Each ``EngineArgs`` field (``kvmap.config``) carries its default and its help; a command
 that takes engine settings names the fields it offers::
@@ -40,36 +41,46 @@ def _cli_type(hint: Any) -> Any:
 def engine_options(*names: str, flags: dict[str, str] | None = None):
     """Decorator: options for the ``EngineArgs`` fields ``names``; the command's own
     ``engine`` parameter receives the ``EngineArgs`` (see the module docstring)."""
-    fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    return dataclass_options(EngineArgs, "engine", *names, flags=flags)
+
+
+def dataclass_options(cls, param: str, *names: str, flags: dict[str, str] | None = None):
+    """Decorator: options for the fields ``names`` of the frozen dataclass ``cls`` (each
+    field's ``metadata["help"]`` its help); the command's own ``param`` parameter
+    receives the ``cls`` they make (``kvmap serve``: ``ServerArgs`` as ``server``). A
+    tuple field is a repeatable option."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [n for n in names if n not in fields]
     if unknown:
-        raise ValueError(f"engine_options: {unknown} are not EngineArgs fields")
-    hints = typing.get_type_hints(EngineArgs)
+        raise ValueError(f"{param}_options: {unknown} are not {cls.__name__} fields")
+    hints = typing.get_type_hints(cls)
     flags = flags or {}
 
     def decorate(fn):
         own = typing.get_type_hints(fn)
         sig = inspect.signature(fn)
-        if "engine" not in sig.parameters:
-            raise TypeError(f"{fn.__name__} takes no 'engine' parameter")
+        if param not in sig.parameters:
+            raise TypeError(f"{fn.__name__} takes no {param!r} parameter")
         params = [p.replace(annotation=own.get(p.name, p.annotation))
-                  for p in sig.parameters.values() if p.name != "engine"]
+                  for p in sig.parameters.values() if p.name != param]
         for name in names:
-            f = fields[name]
+            f, hint = fields[name], hints[name]
             flag = flags.get(name, "--" + name.replace("_", "-"))
-            option = typer.Option(f.default, flag, help=f.metadata.get("help"))
+            repeated = typing.get_origin(hint) is tuple
+            option = typer.Option(list(f.default) if repeated else f.default, flag,
+                                  help=f.metadata.get("help"))
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
-                                            default=option,
-                                            annotation=_cli_type(hints[name])))
+                                            default=option, annotation=list[str] if repeated
+                                            else _cli_type(hint)))
 
         @functools.wraps(fn)
         def command(*args, **kwargs):
             settings = {name: kwargs.pop(name) for name in names}
             try:
-                engine = EngineArgs(**settings)
+                made = cls(**settings)
             except ValueError as e:
                 fail(str(e))
-            return fn(*args, engine=engine, **kwargs)
+            return fn(*args, **{param: made}, **kwargs)
 
         command.__signature__ = sig.replace(parameters=params)
         command.__annotations__ = {p.name: p.annotation for p in params}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from dataclasses import replace
-
 from kvmap.kv.config import KVConfig
 from kvmap.plan.catalogue import get_model
 from kvmap.plan.sim import EngineSettings, SimConfig, SimRequest, simulate
@@ -137,41 +135,30 @@ def test_ridge_is_where_the_products_at_peak_outrun_the_weight_stream():
     assert compute_s(n) >= read_s > compute_s(n - 1)
 
 
-def test_this_machine_caches_its_probes_until_the_profile_is_measured_again(
-        tmp_path, monkeypatch):
+def test_this_machine_is_timed_by_the_calibration_of_its_class(tmp_path, monkeypatch):
+    """The simulator's step on this machine is ``kvmap.perf``'s: the calibration record
+    the budget estimate uses, no probe of its own."""
     from types import SimpleNamespace
 
-    from kvmap.model.shapes import get_shape
-    from kvmap.plan.sim import calibrate, kv_probes, machine
+    from kvmap.perf.calibration import calibration_for
+    from kvmap.perf.roofline import step_time
+    from kvmap.plan.sim import machine
     monkeypatch.setenv("KVMAP_CACHE_DIR", str(tmp_path))
     profile = SimpleNamespace(fingerprint="f1", machine_class="x86-test",
                               rates={**RATES, "measured_at": "t0"},
-                              cpu=SimpleNamespace(num_threads=2),
+                              cpu=SimpleNamespace(num_threads=2, model_name="test cpu"),
                               auto_dtype=lambda device: "fp32")
     monkeypatch.setattr(machine, "_profile", lambda threads, refresh=False: profile)
-    calls = []
-    monkeypatch.setattr(calibrate, "measure_overheads",
-                        lambda dtype: calls.append(("overheads", dtype)) or OVERHEADS)
-    probe = {"read_s": 1e-7, "prefill_read_s": 0.0, "write_s": 0.0, "stats_s": 0.0,
-             "compress_s": 0.0, "step_s": 3e-5, "seq_s": 1e-6}
-    monkeypatch.setattr(kv_probes, "measure_kv_costs",
-                        lambda spec, *a: calls.append(spec) or
-                        {**probe, "step_s": 1e-5 if spec == "fp32" else 3e-5})
-    monkeypatch.setattr(calibrate, "activation_s",
-                        lambda shape, hw, dtype: calls.append(("activation", shape))
-                        or {"token_s": 4e-8, "pair_s": 1e-10})
     hw = machine.this_machine("auto", 2)
     assert hw.compute_dtype == "fp32" and "x86-test" in hw.label
-    costs = machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
-    # the fixed costs beyond the plain fp32 codec's, which the overheads already hold
-    assert costs.step_s == pytest.approx(2e-5) and costs.seq_s == 0 and costs.read_s == 1e-7
-    assert (costs.activation_s, costs.pair_s) == (4e-8, 1e-10)
-    assert calls == [("overheads", "fp32"), "int8", "fp32", ("activation", "smollm2-135m")]
-    machine.this_machine("auto", 2)
-    machine.kv_costs("int8", get_shape("smollm2-135m"), "auto", 2)
-    assert len(calls) == 4                       # read from the cache
-    # a geometry no catalogued shape has: no random model of it to measure, 0
-    assert machine.activation(replace(get_shape("tiny"), hidden_size=80)) == {}
-    profile.rates = {**RATES, "measured_at": "t1"}   # kvmap hw --refresh
-    machine.this_machine("auto", 2)
-    assert calls[4:] == [("overheads", "fp32")]
+    cal = calibration_for(profile, "fp32")        # the record the estimate reads
+    assert hw.calibration == cal and cal.source in hw.label
+    mc = model_cost(MODEL, KVConfig.parse("int8"), hw, weights="fp32")
+    load = StepLoad(num_tokens=5, num_sampled=5, attention_pairs=400, kv_read_tokens=400,
+                    kv_write_tokens=5, num_seqs=5, num_decode=5, decode_read_tokens=400)
+    want = step_time(mc.perf.shape, mc.perf.rates, "int8", cal, prefill_tokens=0,
+                     prefill_pairs=0, decode_tokens=5, decode_pairs=400)
+    assert step_cost(mc, hw, load).total_s == pytest.approx(want.total_s)
+    assert want.total_s > step_time(mc.perf.shape, mc.perf.rates, "fp32", cal,
+                                    prefill_tokens=0, prefill_pairs=0, decode_tokens=5,
+                                    decode_pairs=400).total_s   # the codec's factor

@@ -89,7 +89,7 @@ def test_tier_probe_moves_one_serialized_block():
     from kvmap.kv.config import KVConfig
     from kvmap.kv.spec import KVGeometry
     from kvmap.kv.tiers.serde import encode_block
-    from kvmap.plan.sim.kv_probes import measure_tier_block
+    from kvmap.plan.sim.tier_probe import measure_tier_block
     moved = measure_tier_block("host", "int8", 2, 2, 16, torch.float32, repeats=1)
     store = KVConfig.parse("int8").codec.allocate(1, KVGeometry(1, 2, 16, 16), "cpu",
                                                   torch.float32)
@@ -160,5 +160,4 @@ def _no_probe(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a probe ran")
     monkeypatch.setattr(machine, "this_machine", refuse)
-    monkeypatch.setattr(machine, "kv_costs", refuse)
     monkeypatch.setattr(machine, "tiers", refuse)

@@ -10,7 +10,6 @@ from typer.testing import CliRunner
 
 from kvmap.plan.sim.command import register
 from kvmap.plan.sim.hardware import Hardware
-from kvmap.plan.sim.kvcost import KVCosts
 from kvmap.plan.sim.scenario import (ScenarioError, builtin_names, load_sim_scenario,
                                      parse_bandwidth, parse_duration, parse_flops,
                                      parse_sim_scenario)
@@ -164,19 +163,17 @@ def test_cpu_this_machine_uses_the_measured_profile(monkeypatch):
     calls = []
     monkeypatch.setattr(machine, "this_machine",
                         lambda dtype, threads: calls.append((dtype, threads)) or measured)
-    monkeypatch.setattr(machine, "kv_costs", lambda spec, config, dtype, threads:
-                        calls.append((spec, dtype)) or KVCosts(spec, read_s=1e-9))
     data = yaml.safe_load(SMALL)
     data.pop("variants")
     data["hardware"] = {"gpu": "cpu-this-machine", "num_threads": 2, "step_overhead": "1ms"}
     (config,) = parse_sim_scenario(data, "test.yaml").configs
-    assert calls == [("auto", 2), (config.kv.spec, "auto")]
+    assert calls == [("auto", 2)]
     assert config.hardware.compute_flops == 1e11 and config.hardware.step_overhead_s == 1e-3
-    assert config.kv_costs.read_s == 1e-9 and config.weights == "fp32"
+    assert config.kv_costs is None and config.weights == "fp32"   # the calibration's
 
 
 def test_scaled_profile_is_a_faster_machine():
-    from kvmap.plan.sim.calibrate import scaled
+    from kvmap.plan.sim.hardware import scaled
     hw = Hardware("cpu", 2**34, 1e11, 1e10, step_overhead_s=2e-3, layer_overhead_s=1e-4,
                   seq_overhead_s=1e-5)
     fast = scaled(hw, 2.0)

@@ -72,6 +72,19 @@ def test_mape_and_r_over_the_run(run):
     assert "bound by hbm" in miss.miss
 
 
+def test_the_estimate_and_the_simulator_share_one_calibration_line():
+    cells = [cell("s1", "bf16"), cell("s1", "int8")]
+    for record, (estimate_s, actual_s) in zip(cells, ((10.0, 8.0), (9.0, 12.0))):
+        record.prediction["calibration"] = "perf/calibrations/x86-amx-bf16.json"
+        record.estimate = {"estimate_s": estimate_s, "actual_s": actual_s}
+    cal = calibration(cells)
+    assert cal.estimate_mape == pytest.approx((2 / 8 + 3 / 12) / 2) and cal.num_estimated == 2
+    from kvmap.report.prediction_view import fit_text
+    assert fit_text(cal).startswith("calibration perf/calibrations/x86-amx-bf16.json: MAPE "
+                                    "simulator throughput 9% over 2 cells")
+    assert "budget estimate cell time 25% over 2 cells" in fit_text(cal)
+
+
 def test_a_concurrency_miss_blames_the_memory_model():
     record = cell("s1", "int4")
     record.prediction["metrics"]["concurrency_max"] = 30
@@ -165,7 +178,7 @@ def test_report_shows_verdicts_and_the_table(run):
     html = render(analysis)
     assert "Is the KV saving a speed gain here?" in html
     assert "int8 is a capacity gain here (1.9x the sequences running at once)" in html
-    assert "MAPE 13%" in html and GPU_LABEL in html
+    assert "MAPE simulator throughput 13%" in html and GPU_LABEL in html
     from rich.console import Console
     console = Console(width=300, record=True)
     console.print(summary(analysis))

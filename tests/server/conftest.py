@@ -59,20 +59,22 @@ class RunningServer:
 
 
 def build_tiny(**options):
-    """``build_server`` over ``TINY`` and ``options`` (``EngineArgs`` fields and its own
-    keywords): ``(app, loop)``."""
+    """``build_server`` over ``TINY`` and ``options`` (``EngineArgs`` and ``ServerArgs``
+    fields): ``(app, loop)``."""
     from dataclasses import fields
 
     from kvmap.config import EngineArgs
+    from kvmap.server.args import ServerArgs
     from kvmap.server.command import build_server
     kwargs = {**TINY, **options}
     engine = EngineArgs(**{f.name: kwargs.pop(f.name) for f in fields(EngineArgs)
                            if f.name in kwargs})
-    return build_server(engine, **kwargs)
+    server = ServerArgs(**kwargs)           # a keyword of neither is a TypeError here
+    return build_server(engine, server)
 
 
 def start_server(**options) -> RunningServer:
-    """``options``: ``EngineArgs`` fields and ``build_server``'s own keywords."""
+    """``options``: ``EngineArgs`` and ``ServerArgs`` fields."""
     return RunningServer(*build_tiny(**options))
 
 

@@ -67,7 +67,7 @@ def closed_by_server(sock: socket.socket, timeout_s: float) -> bool:
 
 def test_half_open_sockets_at_twice_the_limit_lock_nobody_out():
     limit = 4
-    with served(limit_concurrency=limit, header_timeout_s=60) as (_, result):
+    with served(max_concurrent_requests=limit, header_timeout_s=60) as (_, result):
         socks = half_open(result["port"], 2 * limit)
         try:
             assert wait_until(lambda: open_connections(result) >= 2 * limit)
@@ -130,7 +130,7 @@ def engine_held(loop, result, max_hold_s: float = 30.0):
 
 def test_requests_past_the_limit_get_503_but_probes_and_scrapes_do_not():
     limit = 2
-    with served(limit_concurrency=limit) as (loop, result):
+    with served(max_concurrent_requests=limit) as (loop, result):
         url, statuses = result["url"], []
 
         def complete():

@@ -209,7 +209,7 @@ def test_hostile_bodies_get_no_5xx_while_a_stream_completes(reference):
     """Beside half-open connections at twice the server's request limit (issue 38)."""
     from tests.server.test_admission import HALF_A_REQUEST
     limit = 8
-    server = start_server(limit_concurrency=limit)
+    server = start_server(max_concurrent_requests=limit)
     stalled = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
                for _ in range(2 * limit)]
     try:

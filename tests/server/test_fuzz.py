@@ -113,7 +113,7 @@ def stream_until(server, stop: threading.Event, finished: list) -> None:
 
 
 def test_fuzz_no_server_errors():
-    server = start_server(max_tokens_limit=4, limit_concurrency=LIMIT)
+    server = start_server(max_tokens_limit=4, max_concurrent_requests=LIMIT)
     sent: list[tuple[str, int]] = []
     surrogate_statuses: list[int] = []
     session = requests.Session()

@@ -44,12 +44,15 @@ PREFILL_ROWS = 512
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _median_s(fn: Callable[[], object], repeats: int) -> float:
+def _median_s(fn: Callable[[], object], repeats: int,
+              sync: Callable[[], object] = lambda: None) -> float:
     fn()
     times = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -69,11 +72,14 @@ def dense_product(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.nn.functional.linear(x, w)
 
 
-def gemm_flops(dtype: torch.dtype, rows: int, k: int, n: int, repeats: int = 3) -> float:
+def gemm_flops(dtype: torch.dtype, rows: int, k: int, n: int, repeats: int = 3,
+               device: str | torch.device = "cpu") -> float:
     """FLOP/s of ``x (rows, k) @ W.T`` (:func:`dense_product`) for one (n, k) weight held
-    in the caches."""
-    x, product = torch.randn(rows, k, dtype=dtype), dense_product(torch.randn(n, k, dtype=dtype))
-    return 2 * rows * k * n / _median_s(lambda: product(x), repeats)
+    in the caches, on ``device`` (a GPU's timing synchronized)."""
+    x = torch.randn(rows, k, device=device).to(dtype)
+    product = dense_product(torch.randn(n, k, device=device).to(dtype))
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    return 2 * rows * k * n / max(_median_s(lambda: product(x), repeats, sync), 1e-9)
 
 
 def _streamed(make: Callable[[], Callable[[torch.Tensor], object]], x: torch.Tensor,

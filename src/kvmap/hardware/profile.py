@@ -299,6 +299,24 @@ def profile(refresh: bool = False, num_threads: int | None = None) -> HardwarePr
     return measure(hw)
 
 
+def prefill_flops_prior(dtype: torch.dtype, device: str | torch.device = "cpu") -> float:
+    """A prefill-shaped product's FLOP/s in ``dtype``, for a prior that a run's own steps
+    correct (the offloader's fetch-or-recompute cost model): the cached profile's
+    ``matmul_flops.<dtype>.prefill`` on a CPU, else one quick probe of the profile's own
+    kind (:func:`kvmap.hardware.probes.gemm_flops`, ``PREFILL_ROWS`` rows of the default
+    shape) -- the code base's one matrix-rate probe."""
+    from kvmap.hardware.probes import DEFAULT_SHAPE, DTYPES, PREFILL_ROWS, gemm_flops
+    name = next((k for k, v in DTYPES.items() if v == dtype), None)
+    if torch.device(device).type == "cpu" and name is not None:
+        cached = load_cached(detect())
+        rate = (((cached.rates or {}).get("matmul_flops") or {}).get(name) or {}) \
+            .get("prefill") if cached is not None else None
+        if isinstance(rate, (int, float)) and rate > 0:
+            return float(rate)
+    k, n = DEFAULT_SHAPE
+    return gemm_flops(dtype, PREFILL_ROWS, k, n, device=device)
+
+
 def record_summary(measure_if_missing: bool = False) -> dict:
     """What a record says of the machine (:meth:`HardwareProfile.summary`): with the
     cached rates when there are any (measured now with ``measure_if_missing``), and the

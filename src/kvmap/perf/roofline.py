@@ -12,6 +12,8 @@ it does not follow the matrix rate.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kvmap.perf.calibration import CALIBRATION, Calibration
 from kvmap.perf.rates import Rates
 from kvmap.perf.shape import StepShape
@@ -35,3 +37,36 @@ def seconds_of(work, shape: StepShape, rates: Rates, codec: str, chunk_tokens: i
         + shape.decode_attention_flop(work.decode_pairs, work.decode_tokens)
         / (rates.flops * cal.e_kv))
     return prefill, decode
+
+
+class StepTime(NamedTuple):
+    """One engine step's seconds by part (``step_time``); ``total_s`` is their sum."""
+
+    compute_s: float                 # products and attention at the calibrated rates
+    stream_s: float                  # the weights read once by a step that decodes
+    overhead_s: float                # dispatch of every layer's operators, once a step
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.stream_s + self.overhead_s
+
+
+def step_time(shape: StepShape, rates: Rates, codec: str, cal: Calibration, *,
+              prefill_tokens: int, prefill_pairs: int, decode_tokens: int,
+              decode_pairs: int) -> StepTime:
+    """One step of the engine (the simulator's, ``kvmap.plan.sim.costmodel``) by the terms of
+    :func:`seconds_of`: a step's ``prefill_tokens`` of prompt chunks over ``prefill_pairs``
+    causal pairs and ``decode_tokens`` decoding rows over ``decode_pairs`` cached keys. It
+    pays the step overhead once; a step that decodes streams the weights, and its decode
+    terms and overhead take the codec's factor -- so a pure decode step is exactly
+    ``seconds_of``'s decode of one step, a pure prefill chunk its prefill of one chunk."""
+    r, f = rates.flops, cal.decode_factor_of(codec)
+    prefill_s = (prefill_tokens * shape.prefill_flop / (r * cal.e_prefill)
+                 + prefill_pairs * shape.attn_flop_per_pair / (r * cal.e_attn))
+    overhead_s = cal.step_overhead_s_per_layer * shape.num_layers
+    if not decode_tokens:
+        return StepTime(prefill_s, 0.0, overhead_s)
+    decode_s = (decode_tokens * shape.decode_flop / (r * cal.e_batch)
+                + decode_pairs * shape.attn_flop_per_pair / (r * cal.e_kv))
+    stream_s = shape.weight_bytes / (rates.read_bytes_per_s * cal.e_stream)
+    return StepTime(prefill_s + f * decode_s, f * stream_s, f * overhead_s)

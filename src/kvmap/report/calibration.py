@@ -10,6 +10,12 @@ throughput (as BLIS reports its calibration):
     MAPE = mean |predicted - measured| / measured
     r    = Pearson's correlation of predicted and measured
 
+The budget estimate and the simulator stand on one calibration record of the machine's
+class and dtype (``kvmap.perf.calibration``; the prediction names it, ``calibration``):
+the same MAPE is taken of the estimate's cell seconds against each cell's wall time
+(``estimate``: ``estimate_s``, ``actual_s``, every cell kind), and the report prints
+the two on one line under the record's name (``prediction_view.fit_text``).
+
 A cell whose throughput error exceeds ``TOLERANCE`` is *missed*, and the part of the
 step the model got wrong is named where the record can tell:
 
@@ -70,6 +76,9 @@ class Calibration:
     pearson_r: float | None = None
     tolerance: float = TOLERANCE
     skipped: dict[str, str] = field(default_factory=dict)   # cell id -> why not predicted
+    estimate_mape: float | None = None    # the budget estimate's cell seconds vs wall time
+    num_estimated: int = 0
+    record: str | None = None             # the calibration record both stand on
 
     @property
     def missed(self) -> list[CellCalibration]:
@@ -168,7 +177,8 @@ def calibrate_cell(record: dict, tolerance: float = TOLERANCE) -> CellCalibratio
 def calibration(cells: list, tolerance: float = TOLERANCE) -> Calibration:
     """Every workload cell of a run with a prediction, and MAPE and r over them."""
     out, skipped = [], {}
-    for record in as_dicts(cells):
+    records = as_dicts(cells)
+    for record in records:
         if record.get("kind") != "workload" or record.get("status") != "ok":
             continue
         cal = calibrate_cell(record, tolerance)
@@ -180,6 +190,20 @@ def calibration(cells: list, tolerance: float = TOLERANCE) -> Calibration:
         out.append(cal)
     pairs = [(c.predicted["output_tokens_per_s"], c.measured["output_tokens_per_s"])
              for c in out if c.throughput_error is not None]
+    timed = estimate_pairs(records)
+    source = next((r["prediction"]["calibration"] for r in records
+                   if (r.get("prediction") or {}).get("calibration")), None)
     return Calibration(cells=out, mape=mape(pairs),
                        pearson_r=pearson_r([p for p, _ in pairs], [m for _, m in pairs]),
-                       tolerance=tolerance, skipped=skipped)
+                       tolerance=tolerance, skipped=skipped, estimate_mape=mape(timed),
+                       num_estimated=len(timed), record=source)
+
+
+def estimate_pairs(records: list[dict]) -> list[tuple[float, float]]:
+    """(estimated, actual) seconds of every cell the budget estimate timed."""
+    out = []
+    for r in records:
+        est = r.get("estimate") or {}
+        if r.get("status") == "ok" and est.get("estimate_s") and est.get("actual_s"):
+            out.append((float(est["estimate_s"]), float(est["actual_s"])))
+    return out

@@ -39,13 +39,17 @@ def calibration_rows(cal: Calibration) -> list[dict]:
 
 
 def fit_text(cal: Calibration) -> str:
-    """One line: MAPE and r over the run, cells missed."""
+    """One line: the calibration record, the MAPE of the simulator's throughput and of
+    the budget estimate's cell seconds (both on that record), r, cells missed."""
     if not cal.cells:
         return "no cell of this run holds a prediction"
     mape = "-" if cal.mape is None else f"{cal.mape:.0%}"
     r = "-" if cal.pearson_r is None else f"{cal.pearson_r:.3f}"
-    return (f"output throughput over {len(cal.cells)} cells: MAPE {mape}, Pearson's r {r}; "
-            f"{len(cal.missed)} cell(s) beyond the {cal.tolerance:.0%} tolerance")
+    est = "-" if cal.estimate_mape is None else f"{cal.estimate_mape:.0%}"
+    record = f"calibration {cal.record}: " if cal.record else ""
+    return (f"{record}MAPE simulator throughput {mape} over {len(cal.cells)} cells "
+            f"(Pearson's r {r}), budget estimate cell time {est} over {cal.num_estimated} "
+            f"cells; {len(cal.missed)} cell(s) beyond the {cal.tolerance:.0%} tolerance")
 
 
 def prediction_context(run) -> dict:

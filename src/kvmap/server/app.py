@@ -36,19 +36,13 @@ _COUNTED = (400, 401, 403, 404, 413, 503, 504)       # kvmap:request_rejected{st
 def create_app(loop: EngineLoop, model_name: str, *, limits: ServerLimits | None = None,
                api_key: str | None = None,
                allowed_hosts: frozenset[str] | None = None,
-               max_body_bytes: int | None = None,
-               max_tokens_limit: int | None = None,
                cache_salt: str | None = None) -> FastAPI:
-    """``limits``: what one request may ask (``ServerLimits``; ``max_body_bytes`` and
-    ``max_tokens_limit`` override its fields). ``api_key``: required as a Bearer token
-    on every route but ``/health``. ``allowed_hosts``: the Host names answered (None:
-    any; see ``security.allowed_hosts_for``). ``cache_salt``: the server's secret salt
-    of every request's prefix hashes (``kvmap.kv.prefix``)."""
+    """``limits``: what one request may ask (``ServerLimits``, from ``ServerArgs.limits``).
+    ``api_key``: required as a Bearer token on every route but ``/health``.
+    ``allowed_hosts``: the Host names answered (None: any; see
+    ``security.allowed_hosts_for``). ``cache_salt``: the server's secret salt of every
+    request's prefix hashes (``kvmap.kv.prefix``)."""
     limits = limits or ServerLimits()
-    overrides = {k: v for k, v in (("max_body_bytes", max_body_bytes),
-                                   ("max_tokens_limit", max_tokens_limit)) if v is not None}
-    if overrides:
-        limits = ServerLimits(**{**limits.__dict__, **overrides})
     ctx = ServerContext(loop, model_name, limits, cache_salt)
     metrics = loop.metrics
 

@@ -12,7 +12,7 @@ bounds it (``tests/server/test_limits.py`` checks that no field is left out).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 DEFAULT_MAX_STOP_STRINGS = 16
@@ -54,23 +54,42 @@ BODY_BOUNDS = {
 }
 
 
+def _setting(default, help: str):
+    """A limit: its default and its command-line help (``kvmap.cli_options``)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    """``max_tokens_limit``: the most tokens one request may ask for (more is a 400); a
-    request without ``max_tokens`` gets at most this many. ``max_prompt_chars``: None ->
-    ``DEFAULT_PROMPT_CHARS_PER_TOKEN`` x the model's context. ``request_timeout_s``: a
-    request still running after this long is aborted with a 504 (None: no limit)."""
+    """What one request may ask, declared once: ``ServerArgs`` (``args.py``) adds the
+    server's own settings, ``kvmap serve``'s options come from these fields' defaults and
+    help. ``max_tokens_limit``: a request without ``max_tokens`` gets at most this many.
+    ``max_prompt_chars``: None -> ``DEFAULT_PROMPT_CHARS_PER_TOKEN`` x the model's
+    context. ``request_timeout_s``: a request still running after this long is aborted
+    with a 504 (None: no limit). ``max_concurrent_requests``: None -> the queue bound's
+    default (``ServerArgs.limits``)."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_tokens_limit: int | None = None
-    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
-    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS
-    max_prompt_chars: int | None = None
-    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
-    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
-    max_messages: int = DEFAULT_MAX_MESSAGES
-    max_tokenizer_queue: int = DEFAULT_MAX_TOKENIZER_QUEUE
-    max_concurrent_requests: int | None = None
+    max_body_bytes: int = _setting(DEFAULT_MAX_BODY_BYTES, "Largest request body")
+    max_tokens_limit: int | None = _setting(None, "Most tokens one request may ask for")
+    max_stop_strings: int = _setting(DEFAULT_MAX_STOP_STRINGS,
+                                     "Most stop strings one request may give")
+    max_stop_chars: int = _setting(DEFAULT_MAX_STOP_CHARS,
+                                   "Longest stop string, in characters")
+    max_prompt_chars: int | None = _setting(
+        None, "Longest prompt in characters, refused before tokenizing (default: "
+              f"{DEFAULT_PROMPT_CHARS_PER_TOKEN} x the model's context)")
+    request_timeout_s: float | None = _setting(DEFAULT_REQUEST_TIMEOUT_S,
+                                               "Seconds a request may take; then 504")
+    max_stop_token_ids: int = _setting(DEFAULT_MAX_STOP_TOKEN_IDS,
+                                       "Most stop token ids one request may give")
+    max_messages: int = _setting(DEFAULT_MAX_MESSAGES, "Most chat messages plus content "
+                                                       "parts one request may give")
+    max_tokenizer_queue: int = _setting(DEFAULT_MAX_TOKENIZER_QUEUE,
+                                        "Tokenizer jobs queued or running at once")
+    max_concurrent_requests: int | None = _setting(
+        None, "Requests served at once, more get 503; /health and /metrics are never "
+              "refused, open sockets are not counted (default: max-queue + max-num-seqs "
+              "+ a margin)")
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_stop_strings", "max_stop_chars",

@@ -18,19 +18,18 @@ What is measured, and how:
   blocks of one level have the same size, so one size cannot separate latency from
   bandwidth; the prior latency only shapes how the measured time is split.
 - ``compute_flops_per_s``: FLOPs over seconds of every engine step that computed prompt
-  tokens (its model run only), as a moving average; the prior is a small matmul probe,
-  which overestimates the model's rate until the first prefill step is observed.
+  tokens (its model run only), as a moving average; the prior is the machine's
+  prefill-shaped product rate (``kvmap.hardware.profile.prefill_flops_prior``: the
+  cached profile's, else the profile's own probe), which overestimates the model's rate
+  until the first prefill step is observed.
 
 FLOPs of a prefill follow the usual dense count: 2 x (weights a token multiplies) per
 token, plus causal attention, 4 x layers x heads x head_dim per (query, key) pair.
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
-
-import torch
 
 from kvmap.config import ModelConfig
 from kvmap.kv.tiers.backend import TIER_BACKENDS
@@ -53,22 +52,6 @@ def prefill_flops(config: ModelConfig, start_token: int, end_token: int) -> floa
                + 3 * c.hidden_size * c.intermediate_size)
     pairs = (end_token * (end_token + 1) - start_token * (start_token + 1)) // 2
     return 2.0 * n * c.num_layers * weights + 4.0 * c.num_layers * c.num_heads * c.head_dim * pairs
-
-
-def matmul_flops_per_s(dtype: torch.dtype, device: torch.device | str, n: int = 512,
-                       repeats: int = 3) -> float:
-    """A quick measured matmul rate (the compute prior): best of ``repeats`` n^3 products."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    best_s = float("inf")
-    for _ in range(repeats + 1):           # the first run warms up
-        sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        a @ b
-        sync()
-        best_s = min(best_s, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / max(best_s, 1e-9)
 
 
 @dataclass

@@ -49,10 +49,11 @@ from dataclasses import asdict, dataclass, field
 from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.kv.codecs import Codec
+from kvmap.hardware.profile import prefill_flops_prior
 from kvmap.kv.tiers import serde
 from kvmap.kv.tiers.backend import TIER_BACKENDS
 from kvmap.kv.tiers.base import Key, Tier
-from kvmap.kv.offload.cost import CostModel, matmul_flops_per_s
+from kvmap.kv.offload.cost import CostModel
 from kvmap.kv.offload.frames import BlockFrames, same_codec
 from kvmap.kv.tiers.layout import Layout, TierLevel
 from kvmap.kv.offload.page_frames import PageFrames, page_layer
@@ -142,7 +143,7 @@ class TieredStore:
         for i, upper in enumerate(self.levels[:-1]):       # victims go one level down
             upper.tier.on_evict = (lambda key, data, i=i: self._demote_frame(i, key, data))
         self.cost = CostModel(model_config, [lv.tier.name for lv in self.levels],
-                              matmul_flops_per_s(kv.compute_dtype, kv.device), layout.fetch)
+                              prefill_flops_prior(kv.compute_dtype, kv.device), layout.fetch)
         # a paged-out page is one frame per layer (the pager's; victims transcode here)
         self.page_frames = PageFrames(kv, layout.options.get("page_blocks", 16),
                                       [lv.codec for lv in self.levels])

@@ -7,7 +7,8 @@
 A discrete-event simulation of continuous batching over a paged KV pool in HBM and tiers
 below it (host RAM over PCIe, NVMe, a network pool), timed by a roofline cost model.
 Files: ``scenario`` (YAML), ``config`` (one resolved simulation), ``hardware`` (devices,
-tiers), ``calibrate`` (``cpu-this-machine``), ``costmodel`` (step time), ``workload``
+tiers), ``machine`` (``cpu-this-machine`` on ``kvmap.perf``'s calibration record),
+``tier_probe`` (a tier's block move), ``costmodel`` (step time), ``workload``
 (lengths and arrival times), ``arrivals`` (open / closed loop, turn order), ``blocks``
 (where KV blocks live), ``engine`` (the event loop), ``results``, ``command`` (the CLI).
 See ``docs/planning.md``.

@@ -47,6 +47,10 @@ from kvmap.plan import capacity
 from kvmap.plan.catalogue import PlanModel
 from kvmap.plan.sim.hardware import Hardware
 from kvmap.plan.sim.kvcost import KVCosts
+from kvmap.perf.calibration import Calibration
+from kvmap.perf.rates import Rates
+from kvmap.perf.roofline import step_time
+from kvmap.perf.shape import DENSE_BYTES, StepShape
 from kvmap.perf.weights import weight_bytes
 
 ACTIVATION_BYTES = 2        # bf16 activations in the tensor-parallel all-reduce
@@ -70,6 +74,7 @@ class ModelCost:
     kv_costs: KVCosts | None = None    # the KV configuration's own operators, per layer
     # linear-attention layers' fixed state of one sequence on one device (not paged)
     state_bytes_per_seq_per_device: int = 0
+    perf: PerfStep | None = None       # calibrated hardware: the step by ``kvmap.perf``
 
     @property
     def kv_bytes_per_token_per_device(self) -> float:
@@ -78,6 +83,30 @@ class ModelCost:
     @property
     def kv_bytes_per_token(self) -> float:
         return self.kv_block_bytes / self.block_size
+
+
+@dataclass(frozen=True)
+class PerfStep:
+    """What ``kvmap.perf`` needs to time a step of one model on calibrated hardware."""
+
+    shape: StepShape
+    rates: Rates
+    codec: str
+    calibration: Calibration
+
+
+def perf_step(model: PlanModel, kv: KVConfig, hw: Hardware, weights: str) -> PerfStep | None:
+    """The perf model of ``model`` on ``hw`` when ``hw`` carries a calibration, else None.
+    ``weights`` in the compute dtype is the dense engine; int8 / w8a8 / int4 its formats
+    (ValueError from ``StepShape.of`` for a format the engine does not run)."""
+    cal = hw.calibration
+    if cal is None:
+        return None
+    dtype = hw.compute_dtype
+    quantization = None if weights in DENSE_BYTES else weights
+    return PerfStep(shape=StepShape.of(model.config, dtype, quantization),
+                    rates=Rates.of(hw.profile_rates, dtype, quantization, cal),
+                    codec=str(getattr(kv.codec, "name", "other")), calibration=cal)
 
 
 def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 16,
@@ -108,7 +137,8 @@ def model_cost(model: PlanModel, kv: KVConfig, hw: Hardware, block_size: int = 1
                                    * ACTIVATION_BYTES * 2 * (n - 1) / n),
         kv_costs=kv_costs if kv_costs is not None and kv_costs.charges else None,
         state_bytes_per_seq_per_device=math.ceil(
-            model.layout.state_bytes_per_seq() / n) if model.layout is not None else 0)
+            model.layout.state_bytes_per_seq() / n) if model.layout is not None else 0,
+        perf=perf_step(model, kv, hw, weights))
 
 
 def causal_pairs(start_token: int, end_token: int) -> int:
@@ -201,6 +231,34 @@ def codec_seconds(mc: ModelCost, load: StepLoad) -> tuple[float, float]:
     return mc.num_layers * per_token, mc.num_layers * fixed
 
 
+def kernel_times(mc: ModelCost, hw: Hardware, load: StepLoad, matmul_flops: float,
+                 attn_flops: float, kv_bytes: float, codec_s: float) -> dict[str, float]:
+    """Seconds of the step's kernels by bounding resource (and ``overhead``): on
+    calibrated hardware ``kvmap.perf.roofline.step_time`` (its compute, its weight stream
+    as ``hbm``, its dispatch), else each class of kernels charged to the resource with
+    the larger time (the module docstring)."""
+    if mc.perf is not None:
+        p = mc.perf
+        decode_pairs = min(load.decode_read_tokens, load.attention_pairs)
+        t = step_time(p.shape, p.rates, p.codec, p.calibration,
+                      prefill_tokens=load.num_tokens - load.num_decode,
+                      prefill_pairs=load.attention_pairs - decode_pairs,
+                      decode_tokens=load.num_decode, decode_pairs=decode_pairs)
+        return {"compute": t.compute_s, "hbm": t.stream_s, "kv_codec": codec_s,
+                "overhead": t.overhead_s}
+    bandwidth = hw.effective_bandwidth
+    times_s = {"compute": 0.0, "hbm": 0.0, "kv_codec": 0.0, "overhead": 0.0}
+    for candidates in (
+            {"compute": matmul_flops / (hw.effective_flops
+                                        * hw.curve_efficiency(load.num_tokens)),
+             "hbm": mc.weight_bytes_per_device / bandwidth},
+            {"compute": attn_flops / hw.effective_flops, "hbm": kv_bytes / bandwidth,
+             "kv_codec": codec_s}):
+        bound = max(candidates, key=candidates.get)
+        times_s[bound] += candidates[bound]
+    return times_s
+
+
 def step_cost(mc: ModelCost, hw: Hardware, load: StepLoad, link_bandwidth: dict | None = None,
               overlap_links: bool = True) -> StepCost:
     """Time ``load`` on ``hw`` (see the module docstring). ``link_bandwidth`` maps each link
@@ -210,26 +268,15 @@ def step_cost(mc: ModelCost, hw: Hardware, load: StepLoad, link_bandwidth: dict 
                     + load.num_sampled * mc.lm_head_flops)
     attn_flops = load.attention_pairs * mc.attention_flops_per_pair
     kv_bytes = (load.kv_read_tokens + load.kv_write_tokens) * mc.kv_bytes_per_token_per_device
-    bandwidth = hw.effective_bandwidth
     codec_s, codec_fixed_s = codec_seconds(mc, load)
-    times_s = {"compute": 0.0, "hbm": 0.0, "kv_codec": 0.0}
-    # each class of kernels: the resource with the larger time bounds it
-    for candidates in (
-            {"compute": matmul_flops / (hw.effective_flops
-                                        * hw.curve_efficiency(load.num_tokens)),
-             "hbm": mc.weight_bytes_per_device / bandwidth},
-            {"compute": attn_flops / hw.effective_flops, "hbm": kv_bytes / bandwidth,
-             "kv_codec": codec_s}):
-        bound = max(candidates, key=candidates.get)
-        times_s[bound] += candidates[bound]
+    times_s = kernel_times(mc, hw, load, matmul_flops, attn_flops, kv_bytes, codec_s)
     compute_s, hbm_s, kv_codec_s = times_s["compute"], times_s["hbm"], times_s["kv_codec"]
     flops, hbm_bytes = matmul_flops + attn_flops, mc.weight_bytes_per_device + kv_bytes
     comm_s = (load.num_tokens * mc.allreduce_bytes_per_token / hw.interconnect_bandwidth
               if mc.allreduce_bytes_per_token else 0.0)
-    overhead_s = (hw.step_overhead_s + mc.num_layers * hw.layer_overhead_s
-                  + load.num_seqs * (hw.seq_overhead_s
-                                     + mc.num_layers * hw.seq_layer_overhead_s)) \
-        + codec_fixed_s
+    overhead_s = times_s["overhead"] + codec_fixed_s + (
+        hw.step_overhead_s + mc.num_layers * hw.layer_overhead_s
+        + load.num_seqs * (hw.seq_overhead_s + mc.num_layers * hw.seq_layer_overhead_s))
     link_s = {link: num_bytes / (link_bandwidth or {})[link]
               for link, num_bytes in load.link_bytes.items() if num_bytes}
     core_s = compute_s + hbm_s + kv_codec_s

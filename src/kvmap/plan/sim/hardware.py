@@ -26,7 +26,8 @@ results attribute stalls and streaming time to a resource. Presets are in ``TIER
 any field can be overridden in a scenario file.
 
 ``cpu-this-machine`` is measured, not catalogued: its rates are the machine's hardware
-profile (``kvmap hw``), see :mod:`kvmap.plan.sim.machine`. ``source`` says which kind a
+profile (``kvmap hw``) and its step is timed by ``kvmap.perf`` from the calibration
+record the budget estimate uses (``calibration``), see :mod:`kvmap.plan.sim.machine`. ``source`` says which kind a
 ``Hardware`` is -- ``spec-sheet`` (a catalogued GPU: vendor peaks times assumed
 efficiencies, until a record from a real device calibrates it), ``measured`` (this
 machine's profile), ``custom`` (rates given by hand) -- and :attr:`Hardware.label` is
@@ -35,8 +36,9 @@ the phrase every output that uses it shows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from kvmap.perf.calibration import Calibration
 from kvmap.plan.catalogue import get_gpu
 
 RESOURCES = ("compute", "hbm", "kv_codec", "interconnect", "overhead")   # + one per tier link
@@ -63,6 +65,10 @@ class Hardware:
     reserve_bytes: int = 2 * 2**30         # per device: activations, graphs, NCCL
     source: str = "custom"                 # "spec-sheet" | "measured: ..." | "custom"
     compute_dtype: str = "bf16"            # the dtype the rates are of (weights default)
+    # this machine: the step is timed by ``kvmap.perf`` from the calibration of its class
+    # and dtype (the budget estimate's record) over the profile's rates; None: the roofline
+    calibration: Calibration | None = None
+    profile_rates: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("compute_flops", "memory_bandwidth"):
@@ -192,3 +198,20 @@ TIER_PRESETS: dict[str, dict] = {
     "network": dict(bandwidth=12e9, latency_s=500e-6, iops=2e5, io_bytes=65536,
                     link="network"),
 }
+
+
+def scaled(hw: Hardware, factor: float) -> Hardware:
+    """``hw`` on a machine ``factor`` times as fast: rates up, fixed costs down; a
+    calibration's efficiencies up and its step overhead down (the load of the moment,
+    ``kvmap.bench.estimate.current_slowdown``'s inverse)."""
+    cal = hw.calibration
+    if cal is not None:
+        cal = replace(cal, step_overhead_s_per_layer=cal.step_overhead_s_per_layer / factor,
+                      **{k: getattr(cal, k) * factor
+                         for k in ("e_prefill", "e_attn", "e_batch", "e_kv", "e_stream")})
+    return replace(hw, calibration=cal, compute_flops=hw.compute_flops * factor,
+                   memory_bandwidth=hw.memory_bandwidth * factor,
+                   step_overhead_s=hw.step_overhead_s / factor,
+                   layer_overhead_s=hw.layer_overhead_s / factor,
+                   seq_overhead_s=hw.seq_overhead_s / factor,
+                   seq_layer_overhead_s=hw.seq_layer_overhead_s / factor)

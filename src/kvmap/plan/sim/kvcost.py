@@ -6,7 +6,8 @@ what a GPU kernel that dequantizes inside attention costs (vLLM's fp8 KV, KIVI's
 kernels). A CPU runs the codec's read as separate operators -- gather, convert, scale --
 whose time per token depends on the codec, not on its bytes: a 4-bit cache reads fewer
 bytes than an 8-bit one and takes longer to decode. ``KVCosts`` holds those times, per
-layer, as measured on this machine (:mod:`kvmap.plan.sim.kv_probes`) or given::
+layer, as a scenario gives them (``kv_costs:``; on ``cpu-this-machine`` the calibration
+record's codec factor holds them instead, :mod:`kvmap.perf.roofline`)::
 
     codec_s    = layers x (read_s x decode KV tokens + prefill_read_s x prefill context
                  tokens + write_s x tokens written + stats_s x tokens a policy's
@@ -72,19 +73,6 @@ class KVCosts:
             raise ValueError(f"kv_costs: unknown key(s) {', '.join(extra)}; known: "
                              f"{', '.join(sorted(known))}")
         return cls(**data)
-
-    @classmethod
-    def beyond(cls, spec: str, measured: dict, reference: dict, reference_spec: str,
-               activation: dict | None = None) -> "KVCosts":
-        """Costs of ``spec`` from probe results (:func:`kv_probes.measure_kv_costs`),
-        its fixed parts less the reference codec's (at least 0); ``activation``: the
-        layer's own (``calibrate.activation_s``)."""
-        activation = activation or {}
-        return cls(spec=spec, source="measured", reference=reference_spec,
-                   activation_s=activation.get("token_s", 0.0),
-                   pair_s=activation.get("pair_s", 0.0),
-                   **{k: measured[k] for k in PER_TOKEN if k not in ("activation_s", "pair_s")},
-                   **{k: max(0.0, measured[k] - reference[k]) for k in FIXED})
 
 
 def bytes_only(spec: str) -> KVCosts:

@@ -1,21 +1,21 @@
-"""``cpu-this-machine``: the simulator's hardware is this machine's hardware profile.
+"""``cpu-this-machine``: the simulator's hardware is this machine's hardware profile and
+the calibration record of its class and dtype -- the record the budget estimate uses.
 
-One set of probes, not two. The rates come from :func:`kvmap.hardware.profile` (``kvmap
-hw``; cached per machine fingerprint, so per thread count too):
+One set of probes, one model of a step. The rates come from :func:`kvmap.hardware.profile`
+(``kvmap hw``; cached per machine fingerprint, so per thread count too):
 
 - the compute side: ``matmul_curve.<dtype>``, the engine's matrix product by rows with
   its weight in the caches; its best rate is ``compute_flops`` and each row count's
-  share of it the ``compute_curve``;
+  share of it the ``compute_curve`` (the label, the ridge, a GPU-shaped roofline);
 - the weight stream: ``matmul_flops.<dtype>.decode``, a one-row product streaming its
-  weights from memory: ``FLOP/s / 2 x bytes per weight`` is the bytes per second a
-  decode step's products read (``memory_bandwidth``; lower than a plain read stream).
+  weights from memory: ``FLOP/s / 2 x bytes per weight`` is ``memory_bandwidth``.
 
-What needs the engine stays here, measured once per machine and cached the same way
-(``<cache>/sim/<fingerprint>.json``, measured again after ``kvmap hw --refresh``): the per-operator overheads of a step
-(:func:`kvmap.plan.sim.calibrate.measure_overheads`, per dtype) and each KV
-configuration's costs at a model's geometry (:mod:`kvmap.plan.sim.kv_probes`, per dtype
-and geometry), the codec's fixed costs taken beyond those of the plain codec the
-overheads ran with.
+The step itself is timed by :func:`kvmap.perf.roofline.step_time` from
+:func:`kvmap.perf.calibration.calibration_for` (its efficiencies, its step overhead per
+layer, its codec factors) over the profile's rates (``kvmap.perf.rates.Rates``): the
+estimate's prefill and decode terms, step by step. The tiers' block moves are measured
+here, once per machine and cached (``<cache>/sim/<fingerprint>.json``, measured again
+after ``kvmap hw --refresh``) by :func:`kvmap.plan.sim.tier_probe.measure_tier_block`.
 
 A profile without a rate the simulator reads raises :class:`MissingRate`, naming the
 rate and the command that measures it -- never a silent default.
@@ -28,7 +28,6 @@ from pathlib import Path
 
 from kvmap.perf.shape import DENSE_BYTES as DTYPE_BYTES
 from kvmap.plan.sim.hardware import Hardware, TierHardware
-from kvmap.plan.sim.kvcost import KVCosts
 
 THIS_MACHINE = "cpu-this-machine"
 REFRESH = "measure it with `kvmap hw --refresh`"
@@ -49,12 +48,14 @@ def _rate(rates: dict | None, path: tuple[str, ...], meaning: str, where: str) -
 
 
 def hardware_from_rates(rates: dict | None, dtype: str, *, memory_bytes: int,
-                        overheads: dict, where: str = "of this machine",
-                        name: str = THIS_MACHINE, source: str = "measured") -> Hardware:
+                        overheads: dict | None = None, where: str = "of this machine",
+                        name: str = THIS_MACHINE, source: str = "measured",
+                        calibration=None) -> Hardware:
     """Simulator hardware from a profile's ``rates`` (``HardwareProfile.rates``, or the
-    ``rates`` of a record's ``hardware`` summary) in compute dtype ``dtype``, with the
-    step ``overheads`` (``measure_overheads``'s dict). Efficiencies are 1: the rates are
-    what the machine achieved. :class:`MissingRate` for a rate the profile lacks."""
+    ``rates`` of a record's ``hardware`` summary) in compute dtype ``dtype``; with a
+    ``calibration`` (``kvmap.perf``) its steps are timed by perf, else by the roofline
+    at efficiency 1 plus the step ``overheads`` given (seconds by ``Hardware`` field).
+    :class:`MissingRate` for a rate the profile lacks."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype={dtype!r}: the simulator reads rates of "
                          f"{', '.join(DTYPE_BYTES)}")
@@ -77,7 +78,9 @@ def hardware_from_rates(rates: dict | None, dtype: str, *, memory_bytes: int,
     return Hardware(name=name, memory_bytes=memory_bytes, compute_flops=peak,
                     memory_bandwidth=stream, compute_efficiency=1.0, bandwidth_efficiency=1.0,
                     compute_curve=tuple(curve), gpu_memory_utilization=1.0, reserve_bytes=0,
-                    source=source, compute_dtype=dtype, **overheads)
+                    source=source, compute_dtype=dtype, calibration=calibration,
+                    profile_rates=rates if calibration is not None else None,
+                    **(overheads or {}))
 
 
 # ---- the simulator's own probes, cached per machine ------------------------------------
@@ -144,86 +147,30 @@ def resolve(dtype: str, hw_profile) -> str:
 def this_machine(dtype: str = "auto", num_threads: int | None = None,
                  refresh: bool = False) -> Hardware:
     """This machine as simulator hardware: its profile's rates (measured now when not
-    cached) and its engine's step overheads in ``dtype`` (``auto``: the profile's);
-    ``refresh``: both measured now."""
+    cached or ``refresh``) in ``dtype`` (``auto``: the profile's) and the calibration
+    record of its class and dtype (``kvmap.perf.calibration.calibration_for``)."""
     import psutil
 
-    from kvmap.plan.sim.calibrate import measure_overheads
+    from kvmap.perf.calibration import calibration_for
     hw_profile = _profile(num_threads, refresh)
     dtype = resolve(dtype, hw_profile)
-    threads = hw_profile.cpu.num_threads
-    overheads = _cached(hw_profile, ("overheads", dtype),
-                        lambda: _with_threads(threads, lambda: measure_overheads(dtype)),
-                        refresh)
+    cal = calibration_for(hw_profile, dtype)
     return hardware_from_rates(
         hw_profile.rates, dtype, memory_bytes=psutil.virtual_memory().total,
-        overheads=overheads, source=f"measured: {hw_profile.machine_class} profile "
-        f"{hw_profile.fingerprint}, {dtype}, {threads} threads")
-
-
-def kv_costs(spec: str, model_config, dtype: str = "auto", num_threads: int | None = None,
-             refresh: bool = False) -> KVCosts:
-    """What KV configuration ``spec`` (its codec and policy) costs per layer on this
-    machine at ``model_config``'s attention geometry, beyond its bytes (``refresh``: its
-    probes measured again; the layer's own work is measured again with the profile)."""
-    import torch
-
-    from kvmap.kv.config import KVConfig
-    from kvmap.plan.sim.kv_probes import measure_kv_costs
-    hw_profile = _profile(num_threads)
-    dtype = resolve(dtype, hw_profile)
-    kv = KVConfig.parse(spec, dtype=dtype)
-    probe_spec = " + ".join(str(p) for p in (kv.codec, kv.policy) if p is not None)
-    c = model_config
-    geometry = f"heads={c.num_heads},kv_heads={c.num_kv_heads},head_dim={c.head_dim}"
-    torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16",
-                                  "fp16": "float16"}[dtype])
-    threads = hw_profile.cpu.num_threads
-
-    def measured(s: str) -> dict:
-        return _cached(hw_profile, ("kv_costs", geometry, dtype, s),
-                       lambda: measure_kv_costs(s, c.num_heads, c.num_kv_heads, c.head_dim,
-                                                torch_dtype, threads), refresh)
-    # the layer's own work is the model's, not the spec's: measured once per profile
-    return KVCosts.beyond(probe_spec, measured(probe_spec), measured(dtype), dtype,
-                          activation(model_config, dtype, num_threads))
-
-
-def shape_of(model_config) -> str | None:
-    """The catalogued shape (``kvmap.model.shapes``) with ``model_config``'s layer
-    geometry, or None."""
-    from kvmap.model.shapes import SHAPES
-    keys = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
-    return next((name for name, shape in SHAPES.items()
-                 if all(getattr(shape, k) == getattr(model_config, k) for k in keys)), None)
-
-
-def activation(model_config, dtype: str = "auto", num_threads: int | None = None,
-               refresh: bool = False) -> dict:
-    """A decoder layer's elementwise seconds beyond its products on this machine, per
-    token and per prefill pair (:func:`calibrate.activation_s`), for a model of a
-    catalogued geometry; {} for another (its engine cannot build random weights of it
-    by name)."""
-    from kvmap.plan.sim.calibrate import activation_s
-    shape = shape_of(model_config)
-    if shape is None:
-        return {}
-    hw = this_machine(dtype, num_threads)
-    hw_profile = _profile(num_threads)
-    return _cached(hw_profile, ("activation", shape, hw.compute_dtype),
-                   lambda: _with_threads(hw_profile.cpu.num_threads, lambda: activation_s(
-                       shape, hw, hw.compute_dtype)), refresh)
+        calibration=cal, source=f"measured: {hw_profile.machine_class} profile "
+        f"{hw_profile.fingerprint}, {dtype}, {hw_profile.cpu.num_threads} threads; "
+        f"calibration {cal.machine_class}/{cal.dtype} ({cal.source})")
 
 
 def tiers(spec: str, model_config, dtype: str = "auto", num_threads: int | None = None,
           refresh: bool = False) -> tuple[TierHardware, ...]:
     """The tiers of KV spec ``spec`` (``tiers(host=..., disk=...)``) as this machine moves
     blocks through them: one pool block's read back (get + decode) per second as the
-    bandwidth (:func:`kv_probes.measure_tier_block`); () without tiers."""
+    bandwidth (:func:`tier_probe.measure_tier_block`); () without tiers."""
     import torch
 
     from kvmap.kv.config import KVConfig
-    from kvmap.plan.sim.kv_probes import measure_tier_block
+    from kvmap.plan.sim.tier_probe import measure_tier_block
     hw_profile = _profile(num_threads)
     dtype = resolve(dtype, hw_profile)
     kv = KVConfig.parse(spec, dtype=dtype)

@@ -5,11 +5,11 @@ the runner itself imports nothing of ``plan``). After each workload cell the pre
 simulates the cell's own configuration -- model, KV spec, pool (the engine's exact block
 count), block size, token budget, sequence limit -- over the cell's own requests (prompt
 and output token counts, arrival times or the closed loop's concurrency, conversations)
-on the run's own hardware profile (``cpu-this-machine``: the profile's rates, the step
-overheads and the configuration's measured KV costs, :mod:`kvmap.plan.sim.machine`),
-and the record stores the result as ``prediction``:
+on the run's own hardware profile (``cpu-this-machine``: the profile's rates and the
+calibration record of its class and dtype, the one the budget estimate uses,
+:mod:`kvmap.plan.sim.machine`), and the record stores the result as ``prediction``:
 
-    {"hardware": label, "kv_costs": source, "metrics": {output_tokens_per_s, ttft_p50_s,
+    {"hardware": label, "calibration": its source, "kv_costs": source, "metrics": {output_tokens_per_s, ttft_p50_s,
      tbt_p50_s, e2e_mean_s, concurrency_max}, "time_s": {resource: s},
      "roofline": {weight_bytes, kv_capacity_bytes, kv_bytes_per_token, ridge_num_seqs},
      "gpu": {the same configuration and requests on a catalogued GPU, spec sheet}}
@@ -110,6 +110,7 @@ def predict(cell, record: dict, rows: list[dict], hw: Hardware, kv_costs,
     mc = model_cost(config.model, config.kv, hw, config.engine.block_size, config.weights,
                     kv_costs)
     out = {"hardware": hw.label,
+           "calibration": None if hw.calibration is None else hw.calibration.source,
            "kv_costs": None if kv_costs is None else kv_costs.source,
            "metrics": summarize(result), "time_s": dict(result.time_s),
            "bound_share": dict(result.bound_share),
@@ -196,9 +197,8 @@ class CellPredictor:
                                    f"this one {fingerprint})"}
             from kvmap.model.loader import model_config_of
             config = model_config_of(cell.model.name, cell.model.dtype)
-            costs = machine.kv_costs(cell.kv, config, cell.model.dtype, threads)
             tiers = machine.tiers(cell.kv, config, cell.model.dtype, threads)
-            return predict(cell, record, rows, hw, costs, self.gpu, tiers)
+            return predict(cell, record, rows, hw, None, self.gpu, tiers)
         except (ValueError, RuntimeError, OSError, KeyError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
 

@@ -275,16 +275,6 @@ def _build(raw: dict, name: str, seed: int, base_dir: Path, where: str,
     section("weights", weights, hw.compute_dtype if hw is not None and hw.name == THIS_MACHINE
             else "bf16")
     section("kv_costs", parse_kv_costs)
-    if parts.get("kv_costs") is None and hw is not None and hw.name == THIS_MACHINE \
-            and hw.source.startswith("measured") and "model" in parts and "kv" in parts:
-        raw_hw = raw["hardware"]
-        try:
-            from kvmap.plan.sim import machine
-            parts["kv_costs"] = machine.kv_costs(parts["kv"].spec, parts["model"].config,
-                                                 raw_hw.get("dtype", "auto"),
-                                                 raw_hw.get("num_threads", 1))
-        except ValueError as e:
-            problems.append(f"{where}kv: {e}")
     choices = {"eviction": str(raw.get("eviction", "lru")).lower(),
                "prefetch": str(raw.get("prefetch", "none")).lower()}
     for key, allowed in (("eviction", EVICTION_ORDERS), ("prefetch", PREFETCH_MODES)):
