@@ -61,12 +61,15 @@ def step_time(shape: StepShape, rates: Rates, codec: str, cal: Calibration, *,
     terms and overhead take the codec's factor -- so a pure decode step is exactly
     ``seconds_of``'s decode of one step, a pure prefill chunk its prefill of one chunk."""
     r, f = rates.flops, cal.decode_factor_of(codec)
+    # a sliding layer's query sees at most its window (``StepShape``): a chunk's pairs are
+    # capped per query, as a decoding row's are
     prefill_s = (prefill_tokens * shape.prefill_flop / (r * cal.e_prefill)
-                 + prefill_pairs * shape.attn_flop_per_pair / (r * cal.e_attn))
+                 + shape.decode_attention_flop(prefill_pairs, prefill_tokens)
+                 / (r * cal.e_attn))
     overhead_s = cal.step_overhead_s_per_layer * shape.num_layers
     if not decode_tokens:
         return StepTime(prefill_s, 0.0, overhead_s)
     decode_s = (decode_tokens * shape.decode_flop / (r * cal.e_batch)
-                + decode_pairs * shape.attn_flop_per_pair / (r * cal.e_kv))
+                + shape.decode_attention_flop(decode_pairs, decode_tokens) / (r * cal.e_kv))
     stream_s = shape.weight_bytes / (rates.read_bytes_per_s * cal.e_stream)
     return StepTime(prefill_s + f * decode_s, f * stream_s, f * overhead_s)
