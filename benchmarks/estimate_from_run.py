@@ -56,8 +56,7 @@ def _lstsq2(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 
 def run_cells(run_dir: Path):
-    """``(specs by cell id, records, scenario, estimator)`` of a stored run, at its sizes."""
-    os.environ.setdefault("KVMAP_BENCH_SLOWDOWN", "1")      # the calibration's own speed
+    """``(specs by cell id, records, estimator, run.json)`` of a stored run, at its sizes."""
     from kvmap.bench.budget import replay
     from kvmap.bench.estimate import Estimator, estimate_run, search_range_cells
     from kvmap.bench.scenario import load_scenario
@@ -67,7 +66,7 @@ def run_cells(run_dir: Path):
     meta = store.metadata()
     scenario = load_scenario(run_dir / "scenario.yaml")
     hw = profile()
-    est = Estimator(hw.rates, warm=True, slowdown=1.0, hw=hw)
+    est = Estimator(hw.rates, warm=True, slowdown=1.0, hw=hw)    # the calibration's speed
     stored = (meta.get("preflight") or {}).get("budget")
     every = scenario.cells() + scenario.searches()
     if stored:
@@ -76,12 +75,12 @@ def run_cells(run_dir: Path):
     specs = {c.cell_id: c for c in scenario.cells()}
     for template in scenario.searches():
         specs.update({c.cell_id: c for c in search_range_cells(scenario, template)})
-    return specs, store.cells(), scenario, est, meta
+    return specs, store.cells(), est, meta
 
 
 def fit(run_dir: Path):
     from kvmap.bench.estimate import estimate_cells
-    specs, records, scenario, est, meta = run_cells(run_dir)
+    specs, records, est, meta = run_cells(run_dir)
     ran = [r for r in records if r.cell_id in specs and r.ok and (r.estimate or {})
            .get("actual_s")]
     cells = [specs[r.cell_id] for r in ran]
@@ -107,8 +106,8 @@ def fit(run_dir: Path):
         scales[codec] = sum(y - a * x1 for x1, _, y in cr) / dec if dec > 0 else b
     b = scales.get("fp", b)                 # the baseline's decode; the codecs relative to it
     factors = {c: v / b for c, v in scales.items() if c != "fp"}
-    return dict(specs=specs, ran=ran, cells=cells, before=before, a=a, b=b,
-                factors=factors, scenario=scenario, est=est, meta=meta, cal=cal, dtype=dtype)
+    return dict(ran=ran, cells=cells, before=before, a=a, b=b, factors=factors, est=est,
+                meta=meta, cal=cal, dtype=dtype)
 
 
 def refitted(cal, a: float, b: float, factors: dict[str, float], source: str):
@@ -124,9 +123,9 @@ def refitted(cal, a: float, b: float, factors: dict[str, float], source: str):
                    source=source)
 
 
-def by_family(cells, estimate, ran) -> dict:
+def by_family(estimate, ran) -> dict:
     out: dict = defaultdict(lambda: {"cells": 0, "estimate_s": 0.0, "actual_s": 0.0})
-    for spec, e, r in zip(cells, estimate.cells, ran):
+    for e, r in zip(estimate.cells, ran):
         f = out[e.family]
         f["cells"] += 1
         f["estimate_s"] += e.seconds
@@ -143,13 +142,12 @@ def main() -> None:
     from kvmap.perf.calibration import SHIPPED_DIR, store
     f = fit(args.run_dir)
     est, hw_dtype, cal = f["est"], f["dtype"], f["cal"]
-    from kvmap.hardware import profile
-    hw = profile()
+    hw = est.hw                               # the profile the fit read
     record_name = f"estimate_from_run-{hw.machine_class}-{hw_dtype}"
     new = refitted(cal, f["a"], f["b"], f["factors"], source="")
     after = estimate_cells(f["cells"], est.rates, warm=True, calibration=new)
-    fam_before = by_family(f["cells"], f["before"], f["ran"])
-    fam_after = by_family(f["cells"], after, f["ran"])
+    fam_before = by_family(f["before"], f["ran"])
+    fam_after = by_family(after, f["ran"])
     print(f"{args.run_dir} ({hw.machine_class}, {hw_dtype}): prefill x{f['a']:.3f}, "
           f"decode x{f['b']:.3f}, codec factors "
           + ", ".join(f"{c} {v:.3f}" for c, v in sorted(f["factors"].items())))

@@ -1,7 +1,7 @@
 """Prefill attention through torch's fused CPU kernel (``_scaled_dot_product_flash_
 attention_for_cpu``: one pass with an online softmax, no score matrix in memory), for the
-chunks ``attention.paged_attention`` gives it: on the CPU in fp32, and in bf16 where the
-CPU multiplies bf16 natively (the hardware profile's verdict); no per-key statistics
+chunks ``attention.paged_attention`` gives it: on the CPU in fp32 (in bf16 where the CPU
+multiplies bf16 natively only with ``BF16_FLASH`` on, off by default); no per-key statistics
 asked for, no hole and no sliding window (those keep the tiled products)."""
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 
 def flash_usable(qs: torch.Tensor) -> bool:
     """torch's fused CPU attention runs this chunk: on the CPU in fp32, where it beat the
-    tiled products of ``attention._causal_chunk`` (docs/hardware.md), and in bf16 on a CPU
-    with native bf16 (x86-amx, one thread, a 2,000-token prefill: 1.6 s against the
-    tiled form's 2.6 s, whose copies took a fifth of the step); bf16 without native
-    support keeps the tiled form (not measured there)."""
+    tiled products of ``attention._causal_chunk`` (docs/hardware.md). In bf16 only with
+    ``BF16_FLASH`` on and native bf16 (x86-amx, one thread, a 2,000-token prefill, not a
+    figure of record: 1.6 s against the tiled form's 2.6 s); by default bf16 keeps the
+    tiled form."""
     if _FLASH is None or qs.device.type != "cpu":
         return False
     if qs.dtype == torch.bfloat16:
