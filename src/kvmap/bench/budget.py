@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvmap.bench.cellspec import Scenario
+from kvmap.bench.duration import fmt_duration
 
 MIN_REQUESTS = 8
 MIN_SEARCH_REQUESTS = 12      # an attainment per probe needs requests
@@ -90,11 +91,10 @@ class BudgetPlan:
         return self.estimate_s / self.budget_s
 
     def lines(self) -> list[str]:
-        from kvmap.bench.runner import _fmt_s
         least = "" if self.minimum_estimate_s is None else \
-            f", at the minimum {_fmt_s(self.minimum_estimate_s)}"
-        head = (f"budget {_fmt_s(self.budget_s)}: estimate {_fmt_s(self.estimate_s)} "
-                f"(as written {_fmt_s(self.written_estimate_s)}{least})")
+            f", at the minimum {fmt_duration(self.minimum_estimate_s)}"
+        head = (f"budget {fmt_duration(self.budget_s)}: estimate {fmt_duration(self.estimate_s)} "
+                f"(as written {fmt_duration(self.written_estimate_s)}{least})")
         out = [head] + [f"  cut {k.name} {k.key} {k.written} -> {v} (minimum {k.minimum}: "
                         f"{k.why_minimum})" for k, v in self.cuts]
         out += [f"  left out {cid}: {why}" for cid, why in self.left_out]
@@ -222,13 +222,12 @@ def check_only(scenario: Scenario, budget_s: float, est) -> BudgetPlan:
 
 
 def _refusal(budget_s: float, minimum) -> str:
-    from kvmap.bench.runner import _fmt_s
     families = sorted(minimum.by_family().items(), key=lambda kv: -kv[1][1])
-    costly = ", ".join(f"{f} ({n} cells, {_fmt_s(s)})" for f, (n, s) in families[:3])
-    return (f"--budget {_fmt_s(budget_s)} cannot hold the minimum of every configuration: "
-            f"the minimum is estimated at {_fmt_s(minimum.seconds)} on this machine. "
+    costly = ", ".join(f"{f} ({n} cells, {fmt_duration(s)})" for f, (n, s) in families[:3])
+    return (f"--budget {fmt_duration(budget_s)} cannot hold the minimum of every configuration: "
+            f"the minimum is estimated at {fmt_duration(minimum.seconds)} on this machine. "
             f"Drop configurations or jobs (most costly at their minimum: {costly}), or "
-            f"give --budget {_fmt_s(math.ceil(minimum.seconds / 60) * 60)} or more")
+            f"give --budget {fmt_duration(math.ceil(minimum.seconds / 60) * 60)} or more")
 
 
 def replay(scenario: Scenario, stored: dict, estimate: Callable[[Scenario], object],

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from kvmap.bench.cellspec import CellSpec, Scenario
+from kvmap.bench.duration import fmt_duration
 from kvmap.bench.estimate_work import Pool, Work, task_work, workload_work
 from kvmap.perf.calibration import CALIBRATION, Calibration, calibration_for
 from kvmap.perf.rates import Rates
@@ -228,11 +229,10 @@ class RunEstimate:
 
     def lines(self) -> list[str]:
         """The printout: one line per family, then the total."""
-        from kvmap.bench.runner import _fmt_s
-        rows = [f"  {family:<28} {n:>3} cells  {_fmt_s(s):>8}"
+        rows = [f"  {family:<28} {n:>3} cells  {fmt_duration(s):>8}"
                 for family, (n, s) in self.by_family().items()]
-        rows.append(f"  {'run (probe, workers, report)':<28} {'':>9}  {_fmt_s(self.run_s):>8}")
-        rows.append(f"  {'total':<28} {len(self.cells):>3} cells  {_fmt_s(self.seconds):>8}")
+        rows.append(f"  {'run (probe, workers, report)':<28} {'':>9}  {fmt_duration(self.run_s):>8}")
+        rows.append(f"  {'total':<28} {len(self.cells):>3} cells  {fmt_duration(self.seconds):>8}")
         notes = sorted({c.work.note for c in self.cells if c.work.note})
         return rows + [f"  note: {n}" for n in notes]
 

@@ -40,6 +40,7 @@ from kvmap.bench.scenario import CellSpec, Scenario, scenario_text
 from kvmap.runs.store import RunLock, RunStore
 from kvmap.kv.redact import redact_spec
 from kvmap.bench.timeseries import write_timeseries
+from kvmap.bench.duration import fmt_duration
 
 
 @dataclass
@@ -58,13 +59,6 @@ def default_run_dir(scenario: Scenario, root: str | Path = "runs") -> Path:
     if "/" in scenario.name or "\\" in scenario.name or scenario.name.startswith("."):
         raise ValueError(f"scenario name {scenario.name!r} is not a plain file name")
     return Path(root) / f"{scenario.name}-{stamp}"
-
-
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 class _Eta:
@@ -225,7 +219,7 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                     progress.update(current, description=escape(_label(cell)), completed=0.0,
                                     visible=True)
                 progress.update(current, completed=min(1.0, f))
-                progress.update(overall, eta=_fmt_s(eta.seconds(
+                progress.update(overall, eta=fmt_duration(eta.seconds(
                     time.perf_counter() - started[cell.cell_id])))
 
             t_run = time.perf_counter()
@@ -242,16 +236,16 @@ def _run_cells(scenario: Scenario, cells: list[CellSpec], run_dir: Path, backend
                 store.write_cell(record, rows, result.ordinal)
                 num_ran += 1
                 eta.finished(cell, record.duration_s or time.perf_counter() - t_cell)
-                progress.update(overall, advance=1, eta=_fmt_s(eta.seconds()))
+                progress.update(overall, advance=1, eta=fmt_duration(eta.seconds()))
                 mark = {"ok": "[green]ok[/]", "unavailable": "[yellow]unavailable[/]"}.get(
                     record.status, "[red]FAILED[/]")
-                remaining = f", ETA {_fmt_s(eta.seconds())}" if eta.remaining or eta.extra else ""
+                remaining = f", ETA {fmt_duration(eta.seconds())}" if eta.remaining or eta.extra else ""
                 where = f" on {result.node}" if backend.name != "local" and result.node else ""
                 # every text from outside (specs, errors, paths) is escaped: a "[/" in an
                 # error message must not crash the run after the cell was stored
                 console.print(f"[{len(cells) - len(todo) + n}/{total}] {mark} "
                               f"{escape(cell.model.name)} | {escape(_label(cell))} "
-                              f"({_fmt_s(record.duration_s)}{escape(where)}"
+                              f"({fmt_duration(record.duration_s)}{escape(where)}"
                               f"{remaining})")
                 if not record.ok:
                     error = redact_spec(str(record.error) or "?").splitlines()[0][:300]
