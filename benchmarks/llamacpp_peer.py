@@ -67,10 +67,11 @@ class LlamaServer:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.notes: list[str] = []       # how it had to be started, for the record
+        self.exit_code: int | None = None   # of a start that failed by itself
 
     def __enter__(self) -> "LlamaServer":
-        if not self._start() and (self.process.returncode or 0) < 0:
-            died = signal.Signals(-self.process.returncode).name
+        if not self._start() and (self.exit_code or 0) < 0:
+            died = signal.Signals(-self.exit_code).name
             self.argv.append("--no-repack")
             self.notes.append(f"started again with --no-repack: it died of {died} while "
                               "starting with its weights repacked (AMX kernels)")
@@ -78,7 +79,8 @@ class LlamaServer:
                 return self
         if self.process.poll() is None:
             return self
-        raise RuntimeError(f"llama-server did not start (exit {self.process.returncode}): "
+        raise RuntimeError(f"llama-server did not start (exit {self.exit_code}, None: not "
+                           f"healthy in {STARTUP_TIMEOUT_S:.0f} s): "
                            f"{log_tail(self.log_path)}")
 
     def _start(self) -> bool:
@@ -88,7 +90,8 @@ class LlamaServer:
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not is_healthy(self.root, {}):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            self.exit_code = self.process.poll()       # None: timed out, stopped by us
+            if self.exit_code is not None or time.monotonic() > deadline:
                 stop(self.process)
                 return False
             time.sleep(0.2)
