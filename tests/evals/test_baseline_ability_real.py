@@ -25,7 +25,11 @@ def test_full_cache_answers_the_default_passkey_grid(real_llm):
 
 
 def test_chat_answers_stop_on_their_own(real_llm):
-    task = get_task("chat_generation", EvalOptions(num_samples=8))
+    # 32 answers and the interval's lower end: greedy decoding turns a rounding difference
+    # (bf16 vs fp32, fused vs tiled prefill) into other tokens, and with 8 answers one
+    # answer more or less that runs to the cap moved the share across a fixed threshold
+    # (6/8 tiled, 5/8 fused, on x86-amx bf16; 28/32 and 26/32 at 32)
+    task = get_task("chat_generation", EvalOptions(num_samples=32))
     run = task.run(real_llm, task.prepare(real_llm.tokenizer))
-    assert run.metrics["natural_stop_rate"] >= 0.75, run.per_sample
+    assert run.metrics["natural_stop_rate_ci95"][0] >= 0.6, run.per_sample
     assert run.metrics["output_tokens_mean"] < 0.75 * task.max_output_tokens

@@ -39,6 +39,7 @@ def test_the_fused_kernel_equals_the_tiled_products(dtype, num_past):
 
 def test_bf16_takes_the_fused_kernel_only_with_native_bf16(monkeypatch):
     import kvmap.model.fused_prefill as fp
+    assert fp.BF16_FLASH          # the default: on (benchmarks/flash_prefill_ab.py)
     monkeypatch.setattr(fp, "BF16_FLASH", True)
     q32 = torch.zeros(1, 1, 2, 8)
     q16 = q32.to(torch.bfloat16)
@@ -47,6 +48,6 @@ def test_bf16_takes_the_fused_kernel_only_with_native_bf16(monkeypatch):
     monkeypatch.setenv("KVMAP_NATIVE_BF16", "0")
     assert flash_usable(q32) and not flash_usable(q16)
     assert not flash_usable(q32.to(torch.float16))
-    monkeypatch.setattr(fp, "BF16_FLASH", False)          # today's default: off
+    monkeypatch.setattr(fp, "BF16_FLASH", False)          # switched off: tiled again
     monkeypatch.setenv("KVMAP_NATIVE_BF16", "1")
     assert not flash_usable(q16)

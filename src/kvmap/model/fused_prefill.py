@@ -1,7 +1,7 @@
 """Prefill attention through torch's fused CPU kernel (``_scaled_dot_product_flash_
 attention_for_cpu``: one pass with an online softmax, no score matrix in memory), for the
 chunks ``attention.paged_attention`` gives it: on the CPU in fp32 (in bf16 where the CPU
-multiplies bf16 natively only with ``BF16_FLASH`` on, off by default); no per-key statistics
+multiplies bf16 natively, unless ``BF16_FLASH`` is switched off); no per-key statistics
 asked for, no hole and no sliding window (those keep the tiled products)."""
 from __future__ import annotations
 
@@ -14,20 +14,19 @@ _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 
 def flash_usable(qs: torch.Tensor) -> bool:
     """torch's fused CPU attention runs this chunk: on the CPU in fp32, where it beat the
-    tiled products of ``attention._causal_chunk`` (docs/hardware.md). In bf16 only with
-    ``BF16_FLASH`` on and native bf16 (x86-amx, one thread, a 2,000-token prefill, not a
-    figure of record: 1.6 s against the tiled form's 2.6 s); by default bf16 keeps the
-    tiled form."""
+    tiled products of ``attention._causal_chunk`` (docs/hardware.md). In bf16 where the
+    CPU multiplies bf16 natively (``BF16_FLASH``, on): a 2,000-token SmolLM2 prefill
+    took 0.77 s against the tiled form's 1.24 s on x86-amx, and the chat task's greedy
+    answers stopped on their own 26/32 against 28/32, within each other's intervals
+    (``benchmarks/flash_prefill_ab.py``, record ``flash_prefill_ab-20261205-021037``)."""
     if _FLASH is None or qs.device.type != "cpu":
         return False
     if qs.dtype == torch.bfloat16:
-        # off until its effect on generation is checked: with it on, SmolLM2's greedy chat
-        # answers at bf16 stopped on their own 0.625 of the time against the test's 0.75
         return BF16_FLASH and _native_bf16(os.environ.get("KVMAP_NATIVE_BF16"))
     return qs.dtype == torch.float32
 
 
-BF16_FLASH = False
+BF16_FLASH = True     # off: bf16 keeps the tiled form (the A/B's reference)
 
 
 @functools.lru_cache(maxsize=4)
