@@ -25,11 +25,14 @@ def test_full_cache_answers_the_default_passkey_grid(real_llm):
 
 
 def test_chat_answers_stop_on_their_own(real_llm):
-    # 32 answers and the interval's lower end: greedy decoding turns a rounding difference
-    # (bf16 vs fp32, fused vs tiled prefill) into other tokens, and with 8 answers one
-    # answer more or less that runs to the cap moved the share across a fixed threshold
-    # (6/8 tiled, 5/8 fused, on x86-amx bf16; 28/32 and 26/32 at 32)
+    # the task measures output lengths only if the baseline's answers end on their own
+    # more often than not (else the lengths measure the cap): the Wilson interval's lower
+    # end above a half, over 32 answers. Greedy decoding turns a rounding difference (bf16
+    # vs fp32, fused vs tiled prefill) into other tokens, so the share moves by class: on
+    # x86-amx 26/32 at bf16 (fused prefill), 28/32 tiled, 23/32 with fp32 forced
+    # (KVMAP_NATIVE_BF16=0); with 8 answers one answer more or less at the cap crossed
+    # the old fixed 0.75
     task = get_task("chat_generation", EvalOptions(num_samples=32))
     run = task.run(real_llm, task.prepare(real_llm.tokenizer))
-    assert run.metrics["natural_stop_rate_ci95"][0] >= 0.6, run.per_sample
+    assert run.metrics["natural_stop_rate_ci95"][0] > 0.5, run.metrics
     assert run.metrics["output_tokens_mean"] < 0.75 * task.max_output_tokens
