@@ -213,6 +213,23 @@ def test_a_random_weight_model_is_never_the_recommendation(configs):
 
 
 
+def test_a_reference_layout_is_measured_but_never_recommended(configs):
+    # auto+all_global gives the windowed layout's tokens for more memory: the baseline of
+    # the hybrid saving; even where it measures fastest it is no deployment choice
+    from kvmap.report.noise import reference_part
+    assert reference_part("bf16+all_global") == "all_global"
+    assert reference_part("int8+all_global") == "all_global"
+    assert reference_part("int8") is None and reference_part("not a spec((") is None
+    ref = config("bf16+all_global", 500.0, 400, 50, 0.0)
+    ref.reference = reference_part(ref.kv)
+    rec = recommend([*configs, ref], Constraints(SLO, max_accuracy_drop_pct=1.0),
+                    "throughput")
+    assert rec.choice == "int8"
+    assert "bf16+all_global" not in rec.checks
+    assert any(n.startswith("bf16+all_global: the all_global layout is a reference")
+               for n in rec.notes)
+
+
 def test_a_configuration_that_fails_its_own_goodput_check_is_never_recommended(configs):
     # int8 meets the P99 keys but most of its output misses the SLA request by request:
     # its checklist's goodput item fails, so it is not the recommendation

@@ -24,10 +24,13 @@ WINDOW_LAYOUTS: Registry[type] = Registry("window layout")
 
 
 class WindowLayout(Options):
-    """A window layout; ``keeps_whole_context``: sliding layers keep every block."""
+    """A window layout; ``keeps_whole_context``: sliding layers keep every block;
+    ``reference_only``: measured beside the default as a reference, never recommended
+    as a deployment choice (the report's recommender leaves it out)."""
 
     kind: ClassVar[str] = "window layout"
     keeps_whole_context: ClassVar[bool] = False
+    reference_only: ClassVar[bool] = False
 
     def per_layer_tables_blocker(self) -> str | None:
         """Why this layout keeps the sliding layers off per-layer tables, or None."""
@@ -44,3 +47,4 @@ class AllGlobal(WindowLayout):
     name = "all_global"
     defaults = {}
     keeps_whole_context = True
+    reference_only = True     # the same tokens for more memory: a baseline, not a choice

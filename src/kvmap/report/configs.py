@@ -34,7 +34,8 @@ from kvmap.runs.record import CellRecord
 from kvmap.model.dummy import DUMMY_PREFIX
 from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci
-from kvmap.report.noise import complexity, idle_parts, same_spec, throughput_ci, without
+from kvmap.report.noise import (complexity, idle_parts, reference_part, same_spec,
+                                throughput_ci, without)
 from kvmap.report.slo import (BARE_KEY_PERCENTILE, gaps, is_good, measure_key,  # noqa: F401
                               measure_slo, request_groups, split_key)
 from kvmap.report.endpoints import endpoint_baseline, endpoint_of, memory_note
@@ -71,6 +72,7 @@ class ConfigSummary:
     idle: list[str] = field(default_factory=list)
     equal_to: str | None = None
     complexity: int = 0
+    reference: str | None = None       # a reference-only part (``all_global``): not a choice
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     slo_measured: dict[str, float | None] = field(default_factory=dict)
     workloads: dict[str, dict] = field(default_factory=dict)     # name -> cell metrics
@@ -229,6 +231,7 @@ def summarize(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]]
                           is_baseline=kv == dtype and quantization is None,
                           num_cells=len(group), num_failed=len(group) - len(ok),
                           primary_workload=primary, complexity=complexity(kv, dtype),
+                          reference=reference_part(kv),
                           accuracy_na=(has_tasks and model not in models_with_tasks)
                           or model.lower().startswith(DUMMY_PREFIX),
                           endpoint=endpoint, memory_note=memory_note(group))

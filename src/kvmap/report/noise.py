@@ -22,6 +22,7 @@ from kvmap.kv.codecs import CODECS
 from kvmap.kv.grammar import Part, parse
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
+from kvmap.kv.window_layout import WINDOW_LAYOUTS
 
 NUM_WINDOWS = 10
 MIN_WINDOWS = 3
@@ -74,6 +75,18 @@ def parts(kv: str) -> dict[str, Part]:
             if part.name in registry:
                 out[kind] = part
     return out
+
+
+def reference_part(kv: str) -> str | None:
+    """The name of a part of ``kv`` that makes it a reference measured beside the
+    deployable configurations (``all_global``: a hybrid model's sliding layers kept
+    whole), or None."""
+    try:
+        found = parse(kv)
+    except ValueError:
+        return None
+    return next((p.name for p in found if p.name in WINDOW_LAYOUTS
+                 and WINDOW_LAYOUTS.get(p.name).reference_only), None)
 
 
 def complexity(kv: str, dtype: str | None) -> int:

@@ -25,7 +25,9 @@ other feasible configurations with what each costs against the winner. With no f
 configuration the answer says so and names the closest miss: the configuration whose
 worst relative shortfall ``(measured - limit) / limit`` is the smallest. A constraint no
 configuration has data for (an accuracy budget in a run without accuracy tasks) is
-dropped with a note rather than failing everything.
+dropped with a note rather than failing everything. A reference layout (``all_global``,
+``WindowLayout.reference_only``) is measured to show what the default saves and is
+never a candidate.
 """
 from __future__ import annotations
 
@@ -264,6 +266,10 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
             usable.remove(c)
             notes.append(f"{c.name}: random weights (accuracy n/a), speed and memory "
                          "only; not a candidate")
+    for c in [c for c in usable if c.reference is not None]:
+        usable.remove(c)
+        notes.append(f"{c.name}: the {c.reference} layout is a reference measured beside "
+                     "the deployable layouts (the hybrid saving's baseline); not a candidate")
     if constraints.max_accuracy_drop_pct is not None and not any(
             c.accuracy_drop_pct is not None for c in usable):
         dropped.add("accuracy_drop")
