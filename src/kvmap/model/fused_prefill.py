@@ -16,9 +16,9 @@ def flash_usable(qs: torch.Tensor) -> bool:
     """torch's fused CPU attention runs this chunk: on the CPU in fp32, where it beat the
     tiled products of ``attention._causal_chunk`` (docs/hardware.md). In bf16 where the
     CPU multiplies bf16 natively (``BF16_FLASH``, on): a 2,000-token SmolLM2 prefill
-    took 0.77 s against the tiled form's 1.24 s on x86-amx, and the chat task's greedy
+    took 0.70 s against the tiled form's 1.44 s on x86-amx, and the chat task's greedy
     answers stopped on their own 26/32 against 28/32, within each other's intervals
-    (``benchmarks/flash_prefill_ab.py``, record ``flash_prefill_ab-20261205-021037``)."""
+    (``benchmarks/flash_prefill_ab.py``, record ``flash_prefill_ab-20261205-052824``)."""
     if _FLASH is None or qs.device.type != "cpu":
         return False
     if qs.dtype == torch.bfloat16:
@@ -38,36 +38,48 @@ def _native_bf16(forced: str | None) -> bool:
 
 
 def flash_chunk(qs: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, num_past: int,
-                 lse: torch.Tensor | None = None) -> torch.Tensor:
+                lse: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of C queries after ``num_past`` cached keys, through the fused
-    CPU kernel, in two parts merged exactly by log-sum-exp:
+    CPU kernel, in one pass over all L = num_past + C keys:
 
         keys ->   |<----- num_past ----->|<-- chunk -->|
-        queries   every query sees all    causal (the kernel's own mask, aligned
-                  (no mask; the G query    to the chunk's top-left: query i sees
-                  heads of a KV head are   chunk keys 0..i)
-                  rows of one product)
+        query i   sees every cached key and chunk keys 0..i
 
-    qs (H, G, C, D) pre-scaled; kc, vc (H, L, D), L = num_past + C. Returns (H, G, C, D)
-    in qs's dtype; with ``lse`` (H, G, C) fp32, each query's log-sum-exp is written there.
-    The chunk part repeats each KV head for its G query heads (the kernel takes equal
-    head counts); the past part needs no copy."""
+    qs (H, G, C, D) pre-scaled; kc, vc (H, L, D). Returns (H, G, C, D) in qs's dtype;
+    with ``lse`` (H, G, C) fp32, each query's log-sum-exp is written there.
+
+    Without cached keys the kernel's own causal mask runs (each KV head repeated for its
+    G query heads: the kernel takes equal head counts). After cached keys the G query
+    heads of a KV head are rows of one product under an explicit mask (no copy of the
+    keys). Either way a query's keys are visited in the same blocks from key 0 with one
+    online softmax, so its output is the same whether its prefix was cached or computed
+    in this chunk -- bit for bit at bf16, within one ulp at fp32 (tested) -- and a
+    prefix-cache hit does not change greedy tokens.
+    An earlier form computed the cached part and the chunk apart and merged the two
+    rounded outputs by log-sum-exp, which changed SmolLM2's greedy bf16 chat answers
+    after a partial prefix hit."""
     H, G, C, D = qs.shape
-    own_k = kc[:, num_past:].repeat_interleave(G, 0)[None]              # (1, H*G, C, D)
-    own_v = vc[:, num_past:].repeat_interleave(G, 0)[None]
-    o_own, lse_own = _FLASH(qs.reshape(1, H * G, C, D), own_k, own_v, 0.0, True,
-                            scale=1.0)                                   # (1, H*G, C, ...)
-    o_own, lse_own = o_own.view(H, G, C, D), lse_own.view(H, G, C)
     if num_past == 0:
-        if lse is not None:
-            lse.copy_(lse_own)
-        return o_own
-    o_past, lse_past = _FLASH(qs.reshape(1, H, G * C, D), kc[None, :, :num_past],
-                              vc[None, :, :num_past], 0.0, False, scale=1.0)
-    o_past, lse_past = o_past.view(H, G, C, D), lse_past.view(H, G, C)
-    total = torch.logaddexp(lse_past, lse_own)
+        k = kc.repeat_interleave(G, 0)[None]                          # (1, H*G, C, D)
+        v = vc.repeat_interleave(G, 0)[None]
+        out, row_lse = _FLASH(qs.reshape(1, H * G, C, D), k, v, 0.0, True, scale=1.0)
+    else:
+        mask = _past_mask(C, num_past, G, qs.dtype)                   # (1, 1, G*C, L)
+        out, row_lse = _FLASH(qs.reshape(1, H, G * C, D), kc[None], vc[None], 0.0, False,
+                              attn_mask=mask, scale=1.0)
     if lse is not None:
-        lse.copy_(total)
-    return (o_past * torch.exp(lse_past - total)[..., None]
-            + o_own * torch.exp(lse_own - total)[..., None]).to(qs.dtype)
+        lse.copy_(row_lse.view(H, G, C))
+    return out.view(H, G, C, D)
 
+
+@functools.lru_cache(maxsize=2)
+def _past_mask(num_queries: int, num_past: int, group: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of ``num_queries`` chunk queries after ``num_past`` cached keys,
+    repeated for ``group`` query heads as rows: (1, 1, group * C, num_past + C). Cached:
+    every layer of a chunk uses the same one."""
+    i = torch.arange(num_queries)[:, None]
+    j = torch.arange(num_past + num_queries)[None, :]
+    mask = torch.zeros(num_queries, num_past + num_queries, dtype=dtype)
+    mask.masked_fill_(j > num_past + i, float("-inf"))
+    return mask.repeat(group, 1)[None, None]
