@@ -60,7 +60,9 @@ def test_levels_into_a_run_store(fake_server, tmp_path):
         assert m["num_completed"] == 6
         assert m["num_output_tokens"] == sum(asked[6 * k:6 * k + 6])
         assert m["num_good_requests"] == 6 and m["slo_violations"] == {}
-        assert 0.02 <= m["ttft_s"]["mean"] < 0.2
+        # at least the fake server's delay; the upper end is the SLA's 1 s (a loaded CI
+        # machine measured 0.229 s against a 0.02 s fake: a 0.2 s cap was timing)
+        assert 0.02 <= m["ttft_s"]["mean"] < 1.0
     table = store.requests()
     assert table.num_rows == 12
     assert set(table.column("cell_id").to_pylist()) == {c.cell_id for c in cells}
