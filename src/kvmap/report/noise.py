@@ -71,7 +71,8 @@ def parts(kv: str) -> dict[str, Part]:
         return {}
     out = {}
     for part in found:
-        for kind, registry in (("codec", CODECS), ("policy", POLICIES), ("tiers", TIER_PARTS)):
+        for kind, registry in (("codec", CODECS), ("policy", POLICIES), ("tiers", TIER_PARTS),
+                               ("window", WINDOW_LAYOUTS)):
             if part.name in registry:
                 out[kind] = part
     return out
@@ -81,12 +82,9 @@ def reference_part(kv: str) -> str | None:
     """The name of a part of ``kv`` that makes it a reference measured beside the
     deployable configurations (``all_global``: a hybrid model's sliding layers kept
     whole), or None."""
-    try:
-        found = parse(kv)
-    except ValueError:
-        return None
-    return next((p.name for p in found if p.name in WINDOW_LAYOUTS
-                 and WINDOW_LAYOUTS.get(p.name).reference_only), None)
+    layout = parts(kv).get("window")
+    return layout.name if layout is not None and \
+        WINDOW_LAYOUTS.get(layout.name).reference_only else None
 
 
 def complexity(kv: str, dtype: str | None) -> int:
