@@ -67,7 +67,7 @@ def build_server(engine: EngineArgs = EngineArgs(), server: ServerArgs = ServerA
     from kvmap.server.adaptive import AdaptiveController, AdaptivePolicy
     from kvmap.server.app import create_app
     from kvmap.server.engine_loop import EngineLoop
-    from kvmap.server.engines import check_kv_specs, make_engine_factory
+    from kvmap.hardware.omp_team import in_own_thread
     from kvmap.server.metrics import ServerMetrics
 
     policy = AdaptivePolicy.load(server.adaptive) if server.adaptive else None
@@ -77,9 +77,7 @@ def build_server(engine: EngineArgs = EngineArgs(), server: ServerArgs = ServerA
     limits = server.limits(engine.max_num_seqs)
     api_key = server.api_key or os.environ.get(API_KEY_ENV) or None
     cache_salt = server.cache_salt or os.environ.get(CACHE_SALT_ENV) or None
-    first, factory = make_engine_factory(engine)
-    if policy is not None:
-        check_kv_specs(first, [level.kv for level in policy.levels])
+    first, factory = in_own_thread(_build_engines, engine, policy)
     name = server.served_model_name or first.model_id
     metrics = ServerMetrics(name, first.model_config.max_position_embeddings)
     controller = AdaptiveController(policy) if policy else None
@@ -98,6 +96,18 @@ def build_server(engine: EngineArgs = EngineArgs(), server: ServerArgs = ServerA
                      allowed_hosts=allowed_hosts_for(host, server.allowed_hosts),
                      cache_salt=cache_salt)
     return app, loop
+
+
+def _build_engines(engine: EngineArgs, policy):
+    """The first engine and the factory of later ones, every level's spec checked. Run in
+    a thread of its own that exits (``kvmap.hardware.omp_team``): loading fans out on
+    OpenMP, and a pool the main thread kept would turn the engine thread's spinning
+    workers into sleeping ones for the life of the server."""
+    from kvmap.server.engines import check_kv_specs, make_engine_factory
+    first, factory = make_engine_factory(engine)
+    if policy is not None:
+        check_kv_specs(first, [level.kv for level in policy.levels])
+    return first, factory
 
 
 SERVE_OPTIONS = ("host", "port", "max_queue", "adaptive", "served_model_name",
