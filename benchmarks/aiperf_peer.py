@@ -15,6 +15,7 @@ is no GPU, and on two cores its services are load on the server under test.
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -89,11 +90,14 @@ def run(aiperf: Path, endpoint, requests, level, tokenizer_dir: Path, work: Path
     argv = command(aiperf.resolve(), endpoint.root, endpoint.model, dataset, level, len(requests),
                    tokenizer_dir, artifacts, seed)
     t0 = time.perf_counter()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, cwd=work)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     (work / "aiperf.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"aiperf exited with {done.returncode}: "
                            f"{(done.stdout + done.stderr)[-3000:]}")
     records, summary = read_exports(artifacts)
     return {**cmp.tool_figures(records, summary), "aiperf_wall_s": time.perf_counter() - t0,
+            "client_cpu_s": (after.ru_utime + after.ru_stime) - (used.ru_utime + used.ru_stime),
             "command": argv}

@@ -4,7 +4,9 @@ tokens/s side by side (class and dtype in the record).
 
     PYTHONPATH=src .venv/bin/python benchmarks/loadtool_check.py
         [--levels c1,c4 | r0.5,...] [--num-requests 24] [--prompt-tokens 128]
-        [--output-tokens 64] [--rounds 1] [--aiperf .venv-loadtool/bin/aiperf]
+        [--output-tokens 64] [--rounds 1] [--omp-wait-policy default|PASSIVE]
+        [--server-threads N]
+        [--aiperf .venv-loadtool/bin/aiperf]
 
 ``kvmap serve`` runs the embedded SmolLM2-135M at bf16 in a child process on loopback
 (``serve_load.Server``). The requests are loadgen's ``throughput`` workload with fixed
@@ -20,6 +22,11 @@ the tool first in odd ones), each after one unrecorded warm-up request. The load
 is ``kvmap loadgen``'s own path (``sweep.warm_up`` + ``level.measure_level``); the tool
 arm is the ``aiperf profile`` command, read back from its exports.
 ``benchmarks/loadtool_compare.py`` says which figure pairs with which, and why.
+
+The server's ``OMP_WAIT_POLICY`` is unset by default, as a user runs ``kvmap serve``.
+Under ``PASSIVE`` its torch threads sleep at every barrier, and a decode step then costs
+more when the CPUs idle between steps -- as they do beside loadgen's one process, and do
+not beside aiperf's busy ones: the tools disagree because the server ran at two speeds.
 """
 from __future__ import annotations
 
@@ -107,7 +114,8 @@ def run_round(args, endpoint: Endpoint, base, level: Level, k: int, tokenizer_di
         out[arm].update(wall_s=time.perf_counter() - t0, load_avg_1m=load)
         print(f"{level.name} round {k} {arm:7s} {out[arm]['output_tokens_per_s'] or 0:7.1f} "
               f"tok/s  TTFT p50 {(out[arm]['ttft_p50_s'] or 0) * 1e3:7.1f} ms  "
-              f"load {load:.2f}", flush=True)
+              f"load {load:.2f}  client CPU {out[arm].get('client_cpu_s') or 0:.1f} s",
+              flush=True)
     return {"level": level.name, "round": k, "order": list(order), **out,
             "rows": cmp.compare(out["loadgen"], out["aiperf"])}
 
@@ -139,6 +147,14 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--omp-wait-policy", choices=("default", "PASSIVE"), default="default",
+                    help="the server's OMP_WAIT_POLICY (default: unset, as a user runs it; "
+                         "PASSIVE makes its step depend on whether the client keeps the "
+                         "CPUs awake)")
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="the server's torch threads (default: one per CPU; 1 leaves a "
+                         "core to the client, whose own CPU use then cannot change the "
+                         "server's speed)")
     ap.add_argument("--aiperf", type=Path, default=Path(os.environ.get(
         "KVMAP_LOADTOOL_VENV", ROOT / ".venv-loadtool")) / "bin" / "aiperf")
     args = ap.parse_args()
@@ -146,6 +162,8 @@ def _args() -> argparse.Namespace:
         args.level_list = [parse_level(t) for t in args.levels.split(",")]
     except ValueError as e:
         ap.error(str(e))
+    if args.server_threads is not None and args.server_threads < 1:
+        ap.error(f"--server-threads={args.server_threads} must be >= 1")
     if args.rounds < 1 or args.num_requests < 1:
         ap.error(f"--rounds={args.rounds} and --num-requests={args.num_requests} must be >= 1")
     if not args.aiperf.exists():
@@ -160,7 +178,10 @@ def main() -> None:
                           args.seed)
     load_start, started = os.getloadavg(), time.perf_counter()
     rounds: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp, Server("--dtype", args.dtype) as server:
+    with tempfile.TemporaryDirectory() as tmp, Server("--dtype", args.dtype,
+                                                         wait_policy=args.omp_wait_policy,
+                                                         threads=args.server_threads) \
+            as server:
         tokenizer_dir = aiperf_peer.export_tokenizer(Path(tmp) / "tokenizer")
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as r:
             model = json.loads(r.read())["data"][0]["id"]

@@ -59,15 +59,23 @@ SERVE = ("import sys, typer\n"
 
 
 class Server:
-    """``kvmap serve ARGS`` in a child process on a free port."""
+    """``kvmap serve ARGS`` in a child process on a free port. ``wait_policy``: its
+    ``OMP_WAIT_POLICY`` (PASSIVE by default: a client shares the CPUs; ``default`` leaves
+    it unset, as ``kvmap serve`` runs for a user); ``threads``: its ``OMP_NUM_THREADS``
+    (default: torch's, one per CPU)."""
 
-    def __init__(self, *args: str, timeout_s: float = 300.0):
+    def __init__(self, *args: str, timeout_s: float = 300.0, wait_policy: str = "PASSIVE",
+                 threads: int | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if wait_policy != "default":
+            env["OMP_WAIT_POLICY"] = wait_policy
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE, *args, "--port",
                                       str(self.port)], env=env, cwd=ROOT,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
