@@ -84,8 +84,9 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from common import write_record
     from kvmap.hardware import detect
+    from kvmap.hardware.threads import policy_env
     hw = detect()
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env = policy_env("default")
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for k in range(args.rounds):
         for arm in (ARMS if k % 2 == 0 else ARMS[::-1]):

@@ -21,6 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import write_record  # noqa: E402
+from kvmap.hardware.threads import policy_env  # noqa: E402
 
 CHILD = r"""
 import json, sys
@@ -40,10 +41,7 @@ print(json.dumps({"tokens_per_s": rate, "max_running": most}))
 
 
 def one(kv: str, policy: str | None) -> dict:
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+    env = policy_env(policy or "default")
     out = subprocess.run([sys.executable, "-c", CHILD, os.path.dirname(__file__), kv],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

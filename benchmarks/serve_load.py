@@ -41,6 +41,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_record  # noqa: E402
 
+from kvmap.hardware.threads import policy_env  # noqa: E402
 from kvmap.runs.record import as_dicts  # noqa: E402
 from kvmap.loadgen import prompts  # noqa: E402
 from kvmap.loadgen.client import Endpoint  # noqa: E402
@@ -71,9 +72,7 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-        if wait_policy != "default":
-            env["OMP_WAIT_POLICY"] = wait_policy
+        env = policy_env(wait_policy)
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE, *args, "--port",

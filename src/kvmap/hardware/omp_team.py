@@ -11,16 +11,17 @@ each of them.
 ``kvmap serve`` runs its engine in the ``kvmap-engine`` thread. It used to load the model
 in the main thread first (a team of N there, kept for the process's life), so the engine
 thread's team made the count 2N-1 on N CPUs. Measured on the x86-amx class, bf16, batch-1
-decode of SmolLM2 (``benchmarks/engine_thread_ab.py``): 38 ms a token in the main thread,
-62 ms in a second thread after the main thread had loaded the model, 37 ms when the model
-was loaded in a thread that then exited -- a pool dies with its thread. Served, that was
-loadgen's TBT 1.2x aiperf's: aiperf's busy processes kept the sleeping workers' CPUs awake.
+decode of SmolLM2 (``benchmarks/engine_thread_ab.py``, record
+``engine_thread_ab-20261205-091706.json``): 37.5 ms a token in the main thread, 60.3 ms in
+a second thread after the main thread had loaded the model, 37.3 ms when the model was
+loaded in a thread that then exited -- a pool dies with its thread.
 
 So the server builds its engines in a thread that exits (``in_own_thread``), and the
 engine thread is the only one whose operators fan out.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -51,5 +52,4 @@ def in_own_thread(fn: Callable[..., T], *args, name: str = "kvmap-build", **kwar
 def os_thread_count() -> int:
     """The threads this process has now, OpenMP's workers included (Linux's
     ``/proc/self/task``; ``threading`` sees none of OpenMP's)."""
-    import os
     return len(os.listdir("/proc/self/task"))

@@ -67,10 +67,18 @@ class ThreadSettings:
         return asdict(self)
 
 
-def _proxy_s(policy: str, num_threads: int, rows: int) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+def policy_env(policy: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (else this process's environment) for a child that runs under ``policy``:
+    ``OMP_WAIT_POLICY`` set to it, or removed for ``default``."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k != "OMP_WAIT_POLICY"}
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
+    return env
+
+
+def _proxy_s(policy: str, num_threads: int, rows: int) -> float:
+    env = policy_env(policy)
     out = subprocess.run([sys.executable, "-c", _PROXY, str(num_threads), str(rows)],
                          env=env, capture_output=True, text=True, timeout=120, check=True)
     return float(out.stdout.strip().splitlines()[-1])
