@@ -1,4 +1,5 @@
-"""Decode attention on codes (``paged_attention`` through ``quant_attention``) against
+"""Decode attention on codes (``paged_attention`` through ``quant_attention``, the eager
+path: the native operator is switched off here, ``test_native_decode.py`` holds it) against
 ``codec.read`` of the same blocks followed by reference attention in float64.
 
 Bound: in fp32 the paths are the same algebra in another order (relative error below
@@ -14,6 +15,7 @@ import torch
 from kvmap.kv.codecs import CODECS
 from kvmap.kv.grammar import parse
 from kvmap.kv.spec import KVGeometry
+from kvmap.model import native_decode
 from kvmap.model import quant_attention as qa
 from kvmap.model.attention import AttentionMetadata, paged_attention
 
@@ -30,6 +32,8 @@ def _codec(spec: str):
 
 def _attend(codec, dtype, fused: bool, monkeypatch):
     """(output (B, HQ*D), the store after the step) for one decode step of B rows."""
+    monkeypatch.setattr(native_decode, "ENABLED", False)
+    monkeypatch.setattr(native_decode, "_ops", None)
     g = torch.Generator().manual_seed(1)
     H, D, bs = GEOM.num_kv_heads, GEOM.head_dim, GEOM.block_size
     store = codec.allocate(10, GEOM, "cpu", dtype, layer_id=0)

@@ -41,7 +41,7 @@ import torch
 
 from kvmap.kv.codecs import Codec, HeadRows, LayerStore
 from kvmap.kv.offload.decisions import OffloadStep
-from kvmap.model import fused_decode
+from kvmap.model import fused_decode, native_decode
 from kvmap.model.fused_prefill import flash_chunk, flash_usable
 from kvmap.model.quant_attention import decode_kv
 
@@ -85,6 +85,7 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_ids: torch.Tensor | None = None   # (B, nb) padded block tables
     decode_mask: torch.Tensor | None = None        # (1, B, 1, nb*bs) additive, 0 or -inf
+    decode_lens: torch.Tensor | None = None        # (B,) int64 keys each row sees
     prefills: list[PrefillSegment] = field(default_factory=list)
     # attention statistics a selection policy asked for (kvmap.kv.policies): layer ->
     # LayerScores. Every prefill segment gets a window: a chunked policy compresses after
@@ -124,7 +125,8 @@ class AttentionMetadata:
             nb = max(len(t) for t in decode_tables)
             padded = [t + [t[0]] * (nb - len(t)) for t in decode_tables]  # pad: masked out
             meta.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device)
-            lens = torch.tensor(decode_kv_lens, device=device)
+            lens = meta.decode_lens = torch.tensor(decode_kv_lens, dtype=torch.long,
+                                                   device=device)
             key_idx = torch.arange(nb * block_size, device=device)
             visible = key_idx[None, :] < lens[:, None]                     # (B, L)
             if window is not None:        # the query is key len-1: keys len-W .. len-1
@@ -213,8 +215,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: La
 def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMetadata,
             num_kv_heads: int, layer_idx: int, out: torch.Tensor) -> None:
     """Attention of the B decode rows (the first B tokens; q pre-scaled) into out[:B]:
-    one compiled kernel on the CPU (``fused_decode``), else batched products over the
-    codes (``quant_attention``) or dequantized blocks."""
+    one compiled kernel on the CPU (``fused_decode``, opt-in), else one native operator
+    over the pool (``native_decode``) where the codec and the step allow, else batched
+    products over the codes (``quant_attention``) or dequantized blocks."""
     B = meta.num_decode
     _, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
@@ -233,6 +236,10 @@ def _decode(q: torch.Tensor, store: LayerStore, codec: Codec, meta: AttentionMet
             if meta.want_scores:
                 meta.scores.setdefault(layer_idx, LayerScores()).decode = probs
             return
+    if not (offloaded or holes or meta.want_scores) and meta.fused_reads and \
+            native_decode.decode(q[:B], store, codec, meta.decode_block_ids,
+                                 meta.decode_lens, meta.window, out[:B]):
+        return
     # K, V batched over (H, B): dequantized, or codes with scales (quant_attention)
     if meta.decode_rows is None:
         block_size = next(iter(store.blocks.values())).shape[1]
