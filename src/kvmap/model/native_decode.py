@@ -20,10 +20,10 @@ The reference is therefore fp32 attention over ``codec.read``'s values; sums are
 in 16 fixed lanes (the order does not depend on the instruction set).
 
 Scope: decode rows without holes, paged-out fronts or attention statistics (a policy's
-scores), plain codecs (any storage dtype: read as the compute dtype has it), and stacked per-slot
-codecs (``kv.codecs.paired``: int8 / int4 / int2 / fp8 with scale=max, any granularity
-but channel). Everything else,
-and ``AttentionMetadata.fused_reads=False``, runs the eager path.
+scores), plain codecs (any storage dtype: read as the compute dtype has it), and
+stacked per-slot codecs (``kv.codecs.paired``: int8 / int4 / int2 / fp8 with
+scale=max, any granularity but channel). Everything else, and
+``AttentionMetadata.fused_reads=False``, runs the eager path.
 
 Built on first use with the system's C++ compiler for the instruction set torch
 dispatches to here (``torch.backends.cpu.get_cpu_capability``), cached under
@@ -53,6 +53,7 @@ _ISA_FLAGS = {
                "-mf16c"],
     "AVX2": ["-mavx2", "-mfma", "-mf16c"],
 }
+
 
 def ops():
     """``torch.ops.kvmap_attn`` built for this machine's instruction set, or None."""
