@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
     if native_decode.ops() is None:
-        raise SystemExit(f"the native decode does not build here: {native_decode._broken}")
+        raise SystemExit(f"the native decode does not build here: {native_decode.LIBRARY.broken}")
     specs, batches = args.kv.split(","), [int(b) for b in args.batch.split(",")]
     load_before = os.getloadavg()
     rows = []

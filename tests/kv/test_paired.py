@@ -100,4 +100,4 @@ def test_native_write_builds_here():
         pytest.skip("KVMAP_NATIVE=0")
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine")
-    assert native.ops() is not None, native._broken
+    assert native.ops() is not None, native.LIBRARY.broken

@@ -33,7 +33,6 @@ def _codec(spec: str):
 def _attend(codec, dtype, fused: bool, monkeypatch):
     """(output (B, HQ*D), the store after the step) for one decode step of B rows."""
     monkeypatch.setattr(native_decode, "ENABLED", False)
-    monkeypatch.setattr(native_decode, "_ops", None)
     g = torch.Generator().manual_seed(1)
     H, D, bs = GEOM.num_kv_heads, GEOM.head_dim, GEOM.block_size
     store = codec.allocate(10, GEOM, "cpu", dtype, layer_id=0)

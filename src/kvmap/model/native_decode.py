@@ -32,9 +32,6 @@ the eager path (a warning says why, once).
 """
 from __future__ import annotations
 
-import os
-import warnings
-
 import torch
 
 from kvmap.kv.codecs import Codec, LayerStore
@@ -42,11 +39,10 @@ from kvmap.kv.codecs import paired
 from kvmap.kv.codecs.none import PlainCodec
 from kvmap.kv.codecs.quant import FP8Grid, IntGrid, _fp8_table
 from kvmap.model.native_decode_kernel import SOURCE
+from kvmap.native_build import ENABLED, NativeLibrary
 
-ENABLED = os.environ.get("KVMAP_NATIVE", "1") != "0"
 LANES = 16                      # the kernel's vector width in fp32 values (kW)
-_ops = None
-_broken: str | None = None       # why building failed once; then eager for good
+_ISA = torch.backends.cpu.get_cpu_capability()
 
 _ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
@@ -55,24 +51,13 @@ _ISA_FLAGS = {
 }
 
 
+LIBRARY = NativeLibrary(f"kvmap_attention_{_ISA.lower()}", SOURCE, "kvmap_attn",
+                        "native decode attention", tuple(_ISA_FLAGS.get(_ISA, [])))
+
+
 def ops():
     """``torch.ops.kvmap_attn`` built for this machine's instruction set, or None."""
-    global _ops, _broken
-    if not ENABLED or _broken is not None:
-        return None
-    if _ops is None:
-        isa = torch.backends.cpu.get_cpu_capability()
-        try:
-            from torch.utils.cpp_extension import load_inline
-            load_inline(f"kvmap_attention_{isa.lower()}", cpp_sources=[SOURCE],
-                        is_python_module=False,
-                        extra_cflags=["-O3", "-ffp-contract=off", *_ISA_FLAGS.get(isa, [])])
-            _ops = torch.ops.kvmap_attn
-        except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
-            _broken = f"{type(e).__name__}: {e}"
-            warnings.warn(f"native decode attention is off ({_broken[:200]}); running eager")
-            return None
-    return _ops
+    return LIBRARY.ops() if ENABLED else None
 
 
 def decode(q: torch.Tensor, store: LayerStore, codec: Codec, table: torch.Tensor,

@@ -15,14 +15,7 @@ cannot build, keeps the eager path (a warning says why, once).
 """
 from __future__ import annotations
 
-import os
-import warnings
-
-import torch
-
-ENABLED = os.environ.get("KVMAP_NATIVE", "1") != "0"
-_op = None
-_broken: str | None = None      # why building failed once; then eager for good
+from kvmap.native_build import ENABLED, NativeLibrary
 
 SOURCE = r"""
 #include <ATen/core/Tensor.h>
@@ -165,20 +158,10 @@ TORCH_LIBRARY_IMPL(kvmap, CPU, m) {
 """
 
 
+LIBRARY = NativeLibrary("kvmap_native", SOURCE, "kvmap", "native KV encode")
+
+
 def ops():
     """``torch.ops.kvmap`` (``quant_write``, ``pair_rows``), built on first use, or None
     (eager then)."""
-    global _op, _broken
-    if not ENABLED or _broken is not None:
-        return None
-    if _op is None:
-        try:
-            from torch.utils.cpp_extension import load_inline
-            load_inline("kvmap_native", cpp_sources=[SOURCE], is_python_module=False,
-                        extra_cflags=["-O3", "-ffp-contract=off"])
-            _op = torch.ops.kvmap
-        except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
-            _broken = f"{type(e).__name__}: {e}"
-            warnings.warn(f"native KV encode is off ({_broken[:200]}); running eager")
-            return None
-    return _op
+    return LIBRARY.ops() if ENABLED else None

@@ -1,0 +1,45 @@
+"""A C++ operator library built on first use, shared by the native kernels
+(``kv.codecs.native``: the quantized write; ``model.native_decode``: decode attention).
+
+One concept: compile ``source`` with the system's C++ compiler
+(``torch.utils.cpp_extension.load_inline``, cached under ``~/.cache/torch_extensions``
+by ``name``), register its ``TORCH_LIBRARY(namespace, ...)`` and hand back
+``torch.ops.<namespace>``; when it cannot build (no compiler, no headers), say why once
+in a warning and hand back None for good, so the caller runs its eager path.
+``KVMAP_NATIVE=0`` turns every native library off (``ENABLED``).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+
+ENABLED = os.environ.get("KVMAP_NATIVE", "1") != "0"
+
+
+class NativeLibrary:
+    """``torch.ops.<namespace>`` compiled from ``source`` on first ``ops()``, or None."""
+
+    def __init__(self, name: str, source: str, namespace: str, what: str,
+                 flags: tuple[str, ...] = ()):
+        self.name, self.source, self.namespace = name, source, namespace
+        self.what, self.flags = what, flags
+        self._ops: Any = None
+        self.broken: str | None = None      # why building failed once; then eager for good
+
+    def ops(self) -> Any:
+        if self.broken is not None:
+            return None
+        if self._ops is None:
+            try:
+                from torch.utils.cpp_extension import load_inline
+                load_inline(self.name, cpp_sources=[self.source], is_python_module=False,
+                            extra_cflags=["-O3", "-ffp-contract=off", *self.flags])
+                self._ops = getattr(torch.ops, self.namespace)
+            except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
+                self.broken = f"{type(e).__name__}: {e}"
+                warnings.warn(f"{self.what} is off ({self.broken[:200]}); running eager")
+                return None
+        return self._ops
