@@ -17,6 +17,13 @@ from typing import Any
 import torch
 
 ENABLED = os.environ.get("KVMAP_NATIVE", "1") != "0"
+ISA = torch.backends.cpu.get_cpu_capability()       # the instruction set torch dispatches to
+_ISA_FLAGS = {
+    "AVX512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+               "-mf16c"),
+    "AVX2": ("-mavx2", "-mfma", "-mf16c"),
+}
+ISA_FLAGS = _ISA_FLAGS.get(ISA, ())   # compile for it (a library's name carries ISA)
 
 
 class NativeLibrary:

@@ -167,17 +167,19 @@ class AttentionMetadata:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: LayerStore,
                     codec: Codec, meta: AttentionMetadata, num_kv_heads: int,
-                    layer_idx: int = 0, scale: float | None = None) -> torch.Tensor:
+                    layer_idx: int = 0, scale: float | None = None,
+                    q_scaled: bool = False) -> torch.Tensor:
     """q: (T, Hq, D), k/v: (T, Hkv, D) with rotary already applied. Returns (T, Hq*D).
     Mutates ``store`` (writes k, v at ``meta.slot_ids``). Scores are scaled by ``scale``,
-    by default ``D ** -0.5``."""
+    by default ``D ** -0.5``; ``q_scaled``: q comes scaled already (``native_layer``)."""
     meta.offload.wait(layer_idx)
     if meta.layers is not None:          # per-layer block tables: this layer's own
         meta = meta.layers[layer_idx]
     T, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     codec.write(store, meta.slot_ids, k, v)
-    q = q * (head_dim ** -0.5 if scale is None else scale)
+    if not q_scaled:
+        q = q * (head_dim ** -0.5 if scale is None else scale)
     out = torch.empty((T, num_heads * head_dim), dtype=q.dtype, device=q.device)
     if meta.num_decode:
         _decode(q, store, codec, meta, num_kv_heads, layer_idx, out)

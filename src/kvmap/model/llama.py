@@ -28,6 +28,7 @@ from kvmap.config import ModelConfig
 from kvmap.kv.cache import PagedKVCache
 from kvmap.model.attention import AttentionMetadata, paged_attention
 from kvmap.model.decoders import DECODERS
+from kvmap.model import native_layer
 from kvmap.model.linear import int4_layer, make_linear
 from kvmap.model.smoothquant import calibration_ids as calibration_ids_of
 from kvmap.model.smoothquant import SMOOTHED_FORMATS, quantize_smoothed
@@ -195,7 +196,17 @@ class LlamaModel(torch.nn.Module):
         T = input_ids.shape[0]
         x = self.embed[input_ids].float()                                 # (T, h) fp32
         cos, sin = self.rotary.tables(positions, self.dtype)
+        native = native_layer.ops() if x.device.type == "cpu" else None
+        eps = cfg.rms_norm_eps
         for i, layer in enumerate(self.layers):
+            if native is not None and native_layer.usable(layer):   # same ops, in C++
+                q, k, v = native.pre_attn(x, layer["qkv"].packed, layer["qkv"].bias, cos,
+                                          sin, hq, hkv, d, eps, d ** -0.5, self.dtype)
+                attn = paged_attention(q, k, v, kv.layers[i], kv.codec, meta, hkv, i,
+                                       q_scaled=True)
+                native.post_attn(x, attn, layer["o"].packed, layer["gate_up"].packed,
+                                 layer["down"].packed, eps, self.dtype)
+                continue
             qkv = layer["qkv"](self._normed(x))              # (T, (hq+2hkv)d)
             qk = self.rotary.apply(qkv[:, :(hq + hkv) * d].view(T, hq + hkv, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]                                # (T, hq|hkv, d)

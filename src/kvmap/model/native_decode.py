@@ -39,20 +39,11 @@ from kvmap.kv.codecs import paired
 from kvmap.kv.codecs.none import PlainCodec
 from kvmap.kv.codecs.quant import FP8Grid, IntGrid, _fp8_table
 from kvmap.model.native_decode_kernel import SOURCE
-from kvmap.native_build import ENABLED, NativeLibrary
+from kvmap.native_build import ENABLED, ISA, ISA_FLAGS, NativeLibrary
 
 LANES = 16                      # the kernel's vector width in fp32 values (kW)
-_ISA = torch.backends.cpu.get_cpu_capability()
-
-_ISA_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
-               "-mf16c"],
-    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
-}
-
-
-LIBRARY = NativeLibrary(f"kvmap_attention_{_ISA.lower()}", SOURCE, "kvmap_attn",
-                        "native decode attention", tuple(_ISA_FLAGS.get(_ISA, [])))
+LIBRARY = NativeLibrary(f"kvmap_attention_{ISA.lower()}", SOURCE, "kvmap_attn",
+                        "native decode attention", ISA_FLAGS)
 
 
 def ops():
