@@ -21,7 +21,7 @@ import torch
 
 from kvmap.kv.codecs.base import LayerStore, ScaledRead
 from kvmap.kv.codecs import native
-from kvmap.kv.codecs.quant import IntGrid, call_params, dequantize, on_grid, quantize
+from kvmap.kv.codecs.quant import FP8Grid, IntGrid, call_params, dequantize, on_grid, quantize
 from kvmap.kv.codecs.quantizers import REDUCE_DIMS, SlotQuant, TensorQuant
 from kvmap.kv.codecs.rows import HeadRows
 from kvmap.kv.spec import KVGeometry
@@ -128,16 +128,26 @@ def write_pair(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: to
 def _native(store: LayerStore, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q: SlotQuant, pair: "PairBuffers") -> bool:
     """The encode and write as one native operator (``native.py``) when the ranges are
-    per slot and the grid is an integer one; False: run eager."""
-    if not (isinstance(q.grid, IntGrid) and q.granularity in ("token", "group")
-            and k.device.type == "cpu"):
+    per slot or per call (an integer or an fp8 grid, any granularity but channel); False:
+    run eager."""
+    fp8 = _FP8_CODES.get(q.grid.format) if isinstance(q.grid, FP8Grid) else 0
+    span = _SPANS.get(q.granularity)
+    if fp8 is None or span is None or k.device.type != "cpu":
         return False
     op = native.ops()
     if op is None:
         return False
-    op.quant_write(k, v, slot_ids, pair.q.slots, pair.r.slots, None if pair.z is None else pair.z.slots,
-       q.grid.bits, q.symmetric, q.group_len(k.shape[-1]), q.grid.amplitude, q.grid.offset)
+    offset = q.grid.offset if isinstance(q.grid, IntGrid) else 0.0
+    op.quant_write(k, v, slot_ids, pair.q.slots, pair.r.slots,
+                   None if pair.z is None else pair.z.slots, q.grid.bits, q.symmetric,
+                   q.group_len(k.shape[-1]), q.grid.amplitude, offset, fp8, span)
     return True
+
+
+_FP8_CODES = {"e4m3": 1, "e5m2": 2}      # quant_write's fp8 argument (0: an integer grid)
+# quant_write's span: a range per row / group (0), per head over the call (1), one over the
+# call (2); channel ranges (per dimension over the call) run eager
+_SPANS = {"token": 0, "group": 0, "head": 1, "tensor": 2}
 
 
 def read_rows_pair(store: LayerStore, rows: HeadRows, q: SlotQuant, dtype: torch.dtype,
