@@ -34,6 +34,7 @@ SOURCE = r"""
 #include <torch/library.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,25 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
   return op.call(x, packed, bias, "none", c10::List<std::optional<at::Scalar>>(), "");
 }
 
+// float <-> the compute dtype, branch-free where c10's conversions branch (so that the
+// loops vectorize): bf16 rounds to nearest even, a NaN stays a NaN
+template <typename S> inline float to_float(S x) { return static_cast<float>(x); }
+template <> inline float to_float<c10::BFloat16>(c10::BFloat16 x) {
+  uint32_t u = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename S> inline S from_float(float f) { return static_cast<S>(f); }
+template <> inline c10::BFloat16 from_float<c10::BFloat16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
+  return out;
+}
+
 // RMSNorm of fp32 rows (T, h), no weight (it lives in the next matrix), rounded once to
 // the compute dtype: sum of squares in 16 fixed lanes, then x * (1 / sqrt(ms + eps))
 template <typename O>
@@ -65,7 +85,7 @@ void rms_rows(const float* x, O* y, int64_t T, int64_t h, float eps) {
     for (int w = 8; w > 0; w /= 2)
       for (int j = 0; j < w; ++j) lanes[j] += lanes[j + w];
     const float inv = 1.0f / std::sqrt(lanes[0] / static_cast<float>(h) + eps);
-    for (i = 0; i < h; ++i) y[t * h + i] = static_cast<O>(r[i] * inv);
+    for (i = 0; i < h; ++i) y[t * h + i] = from_float<O>(r[i] * inv);
   }
 }
 
@@ -91,15 +111,16 @@ void rope_rows(const S* src, int64_t stride, const S* cos, const S* sin, S* dst,
                int64_t H, int64_t D, float scale) {
   const int64_t half = D / 2;
   for (int64_t t = 0; t < T; ++t) {
-    const S* c = cos + t * D;
-    const S* s = sin + t * D;
+    const S* __restrict c = cos + t * D;
+    const S* __restrict s = sin + t * D;
     for (int64_t hd = 0; hd < H; ++hd) {
-      const S* x = src + t * stride + hd * D;
-      S* y = dst + (t * H + hd) * D;
-      for (int64_t j = 0; j < D; ++j) {
-        const float v = static_cast<float>(x[j]) * static_cast<float>(c[j]) +
-                        static_cast<float>(x[(j + half) % D]) * static_cast<float>(s[j]);
-        y[j] = static_cast<S>(v * scale);
+      const S* __restrict x = src + t * stride + hd * D;
+      S* __restrict y = dst + (t * H + hd) * D;
+#pragma GCC ivdep
+      for (int64_t j = 0; j < half; ++j) {     // the two halves: no index wraps
+        const float a = to_float(x[j]), b = to_float(x[j + half]);
+        y[j] = from_float<S>((a * to_float(c[j]) + b * to_float(s[j])) * scale);
+        y[j + half] = from_float<S>((b * to_float(c[j + half]) + a * to_float(s[j + half])) * scale);
       }
     }
   }
