@@ -15,6 +15,7 @@ import re
 # the README's rule for records without a profile: (first day, class, auto dtype there)
 DATE_RULE = (("2026-12-03", "x86-avx512", "fp32"), ("0000-00-00", "x86-avx512-bf16", "bf16"))
 MEASURED = "profile"              # machine_class_source of a record with its own profile
+FORCED = "profile, forced by KVMAP_NATIVE_BF16"   # ... whose native-bf16 verdict was forced
 INFERRED = "inferred from date"   # ... of one whose class follows from the date rule
 SIMULATED = "simulated"           # a simulator's output: no machine measured anything
 _DATE = re.compile(r"(20\d{2})(\d{2})(\d{2})")
@@ -30,8 +31,9 @@ def fields_from_profile(hardware: dict, config: dict) -> dict:
         dtype = _auto_dtype(hardware, str(config.get("device") or "cpu"))
     if not dtype:
         raise ValueError(f"no dtype in config {sorted(config)} nor in the profile")
+    forced = bool(hardware.get("native_bf16_forced"))
     return {"machine_class": hardware["machine_class"], "dtype": dtype,
-            "machine_class_source": MEASURED}
+            "machine_class_source": FORCED if forced else MEASURED}
 
 
 def _auto_dtype(hardware: dict, device: str) -> str | None:

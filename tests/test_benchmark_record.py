@@ -83,7 +83,7 @@ def test_every_record_names_its_machine_class_and_dtype():
     rc = _record_class()
     records = sorted((BENCHMARKS / "results").glob("*.json"))
     assert records, "no records under benchmarks/results/"
-    sources = {rc.MEASURED, rc.INFERRED, rc.SIMULATED}
+    sources = {rc.MEASURED, rc.FORCED, rc.INFERRED, rc.SIMULATED}
     bad = {}
     for path in records:
         record = json.loads(path.read_text())
@@ -116,6 +116,9 @@ def test_back_fill_takes_the_profile_else_the_date_rule():
     assert (old["machine_class"], old["dtype"], old["inferred"]) == ("x86-avx512-bf16", "bf16", True)
     later = rc.back_fill("x-20261203-232436", {"config": {}})
     assert (later["machine_class"], later["dtype"]) == ("x86-avx512", "fp32")
+    assert measured["machine_class_source"] == rc.MEASURED
+    forced = rc.fields_from_profile({**hw, "native_bf16_forced": True}, {})
+    assert forced["machine_class_source"] == rc.FORCED, forced
     done = {"machine_class": "a", "dtype": "b"}
     assert rc.back_fill("x", done) is done
     with pytest.raises(ValueError, match="nodate"):
