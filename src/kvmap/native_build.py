@@ -24,6 +24,11 @@ _ISA_FLAGS = {
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
 }
 ISA_FLAGS = _ISA_FLAGS.get(ISA, ())   # compile for it (a library's name carries ISA)
+# at::parallel_for is a header template over ``#pragma omp parallel``: compiled without
+# OpenMP it runs the whole range on the calling thread, silently. With it the library
+# links libgomp.so.1, which resolves to the one torch has loaded (same soname), so the
+# operators share torch's pool and its thread count.
+OPENMP = ("-fopenmp",) if torch.backends.openmp.is_available() else ()
 
 
 class NativeLibrary:
@@ -43,7 +48,8 @@ class NativeLibrary:
             try:
                 from torch.utils.cpp_extension import load_inline
                 load_inline(self.name, cpp_sources=[self.source], is_python_module=False,
-                            extra_cflags=["-O3", "-ffp-contract=off", *self.flags])
+                            extra_cflags=["-O3", "-ffp-contract=off", *OPENMP, *self.flags],
+                            extra_ldflags=list(OPENMP))
                 self._ops = getattr(torch.ops, self.namespace)
             except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
                 self.broken = f"{type(e).__name__}: {e}"

@@ -130,3 +130,16 @@ def test_a_row_longer_than_its_table_is_refused():
     with pytest.raises(RuntimeError, match="row 0 has 17 keys, its table 16 slots"):
         native_decode.decode(q, store, codec, torch.tensor([[1, 2]]), torch.tensor([17]),
                              None, out)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: no team to see")
+def test_the_operators_run_on_torchs_whole_team():
+    """at::parallel_for is a header template: a library built without OpenMP runs it on the
+    caller alone, silently (the decode attention ran serially so until 2026-12-06)."""
+    n = torch.get_num_threads()
+    assert native_decode.ops().team_size() == n
+    torch.set_num_threads(1)
+    try:
+        assert native_decode.ops().team_size() == 1
+    finally:
+        torch.set_num_threads(n)

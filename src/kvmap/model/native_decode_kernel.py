@@ -9,6 +9,7 @@ SOURCE = r"""
 #include <c10/util/Half.h>
 #include <torch/library.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -317,9 +318,20 @@ void decode_codes(const at::Tensor& q, const at::Tensor& codes, const at::Tensor
   });
 }
 
+// The threads one at::parallel_for runs on: 1 when the library was built without OpenMP
+// (the header's parallel_for then runs the whole range on the caller, silently).
+int64_t team_size() {
+  std::atomic<uint64_t> seen{0};
+  at::parallel_for(0, 4096, 1, [&](int64_t, int64_t) {
+    seen.fetch_or(uint64_t{1} << (at::get_thread_num() & 63));
+  });
+  return __builtin_popcountll(seen.load());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvmap_attn, m) {
+  m.def("team_size() -> int", &team_size);
   m.def("decode_plain(Tensor q, Tensor k, Tensor v, Tensor table, Tensor lens, int window, "
         "Tensor(a!) out) -> ()");
   m.def("decode_codes(Tensor q, Tensor codes, Tensor r, Tensor? z, Tensor? lut, Tensor table, "
