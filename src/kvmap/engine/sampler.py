@@ -43,8 +43,13 @@ def sample(logits: torch.Tensor, requests: list[Request], engine_seed: int = 0
            ) -> list[int | SamplingError]:
     """logits (N, V) fp32, one row per request -> N token ids (a ``SamplingError`` for a
     row that could not be sampled)."""
-    greedy = logits.argmax(dim=-1).tolist()
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    # two reductions where argmax + isfinite().all() were five passes (~3 ms a step at
+    # 32 rows of SmolLM2's 49k vocabulary): max propagates NaN and +inf, min -inf, so a
+    # row is all finite exactly when its max and min are; max's index is argmax's (the
+    # first of equal maxima, NaN's own index)
+    top, arg = logits.max(dim=-1)
+    finite = (torch.isfinite(top) & torch.isfinite(logits.amin(dim=-1))).tolist()
+    greedy = arg.tolist()
     out: list[int | SamplingError] = []
     for row, req in enumerate(requests):
         if not finite[row]:
