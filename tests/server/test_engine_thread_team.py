@@ -86,3 +86,23 @@ def test_build_server_loads_the_engines_outside_the_main_thread():
         "app, loop = build_tiny()\n"
         "print(base, settled(base))\n")
     assert after == base
+
+
+def test_a_serial_worker_makes_no_pool_and_leaves_torchs_count():
+    """A tier's helper thread (``serial_executor``) copies a long context's pages beside
+    the engine: with ``serial_worker`` its parallel operators stay on it, without it the
+    same work leaves a second pool (the control); later threads still get the whole team."""
+    base, serial, plain, later = _run(
+        "from kvmap.hardware.omp_team import serial_executor\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "fan_out()\n"                                   # the engine's own pool
+        "base = os_thread_count()\n"
+        "ex = serial_executor('t-serial'); ex.submit(fan_out).result()\n"
+        "serial = os_thread_count() - 1\n"              # less the helper thread itself
+        "plain_ex = ThreadPoolExecutor(1); plain_ex.submit(fan_out).result()\n"
+        "plain = os_thread_count() - 2\n"
+        "later = in_own_thread(torch.get_num_threads)\n"
+        "print(base, serial, plain, later)\n")
+    assert serial == base
+    assert plain > base, "the control: a plain helper thread's parallel region keeps a pool"
+    assert later == 2

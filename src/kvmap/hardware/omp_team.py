@@ -17,14 +17,20 @@ a second thread after the main thread had loaded the model, 37.3 ms when the mod
 loaded in a thread that then exited -- a pool dies with its thread.
 
 So the server builds its engines in a thread that exits (``in_own_thread``), and the
-engine thread is the only one whose operators fan out.
+engine thread is the only one whose operators fan out. A helper thread that lives beside
+the engine (the tiers' readers and loaders) runs its operators on itself alone
+(``serial_executor``): its copies of a long context's pages
+would otherwise make it a pool of its own for the engine's life.
 """
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import torch
 
 T = TypeVar("T")
 
@@ -53,3 +59,21 @@ def os_thread_count() -> int:
     """The threads this process has now, OpenMP's workers included (Linux's
     ``/proc/self/task``; ``threading`` sees none of OpenMP's)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def serial_executor(name: str) -> ThreadPoolExecutor:
+    """One helper thread, named ``name``, whose operators run on itself alone: its own
+    OpenMP and MKL thread counts are 1 (``torch.set_num_threads(1)`` there, before it takes
+    work), and torch's default for threads made later -- which that call also sets -- is
+    put back from a thread that exits at once, so no running thread but the helper
+    changes. A thread that starts its first operator in that instant would get 1."""
+    n = torch.get_num_threads()
+    executor = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_serial)
+    executor.submit(int).result()                # the helper exists and is serial
+    in_own_thread(torch.set_num_threads, n)
+    return executor
+
+
+def _serial() -> None:
+    torch.get_num_threads()     # torch's lazy per-thread setup first: run later, it would
+    torch.set_num_threads(1)    # set the count back to the default

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kvmap.hardware.omp_team import serial_executor
 from kvmap.kv.tiers import serde
 from kvmap.kv.offload.frames import FrameMismatch
 
@@ -167,8 +168,8 @@ class LayerLoader:
     def __init__(self, layers) -> None:
         self.layers = layers
         self._pending: list[tuple[LayerLoad, Future]] = []
-        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            1, thread_name_prefix="kvmap-layer-load")
+        self._executor: ThreadPoolExecutor | None = serial_executor(
+            "kvmap-layer-load")
         self.wait_s = 0.0         # engine time blocked on a layer (model idle)
         self.copy_s = 0.0         # loader thread time copying, loads finished
 

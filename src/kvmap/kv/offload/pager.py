@@ -46,11 +46,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from kvmap.hardware.omp_team import serial_executor
 from kvmap.kv.tiers import serde
 from kvmap.kv.tiers.prefetch import PREFETCH_ORDERS
 from kvmap.kv.offload.decisions import PageOut
@@ -161,7 +162,7 @@ class Pager:
         self.seqs: dict[str, PagedSeq] = {}
         self._uids = itertools.count()
         self._inflight: dict[tuple[int, int, int], Future] = {}
-        self._executor = (ThreadPoolExecutor(1, thread_name_prefix="kvmap-prefetch")
+        self._executor = (serial_executor("kvmap-prefetch")
                           if self.order.reads_ahead else None)
 
     # ---- residency ---------------------------------------------------------------------

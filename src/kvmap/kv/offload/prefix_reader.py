@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from kvmap.hardware.omp_team import serial_executor
 from kvmap.kv.tiers import serde
 from kvmap.kv.offload.frames import FrameMismatch
 
@@ -43,8 +44,8 @@ class PrefixReader:
         self.store = store
         self.max_blocks = max_blocks
         self._ahead: dict[bytes, Future] = {}      # block hash -> its frame being read
-        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            1, thread_name_prefix="kvmap-prefix-read")      # a thread once first used
+        self._executor: ThreadPoolExecutor | None = serial_executor(
+            "kvmap-prefix-read")      # a thread once first used
 
     def read_ahead(self, block_hashes: list[bytes]) -> None:
         """Start reading the frames of ``block_hashes`` (a waiting request's prefix)
