@@ -61,19 +61,19 @@ def os_thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+
 def serial_executor(name: str) -> ThreadPoolExecutor:
-    """One helper thread, named ``name``, whose operators run on itself alone: its own
-    OpenMP and MKL thread counts are 1 (``torch.set_num_threads(1)`` there, before it takes
-    work), and torch's default for threads made later -- which that call also sets -- is
-    put back from a thread that exits at once, so no running thread but the helper
-    changes. A thread that starts its first operator in that instant would get 1."""
-    n = torch.get_num_threads()
-    executor = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_serial)
-    executor.submit(int).result()                # the helper exists and is serial
-    in_own_thread(torch.set_num_threads, n)
-    return executor
+    """One helper thread, named ``name`` and started on first use, whose operators run on
+    itself alone: before it takes work its own OpenMP and MKL thread counts are set to 1
+    (``torch.set_num_threads(1)`` there), and torch's default for threads made later --
+    which that call also sets -- is put back from a thread that exits at once, so no
+    running thread but the helper changes. A thread that starts its first operator in
+    that instant would get 1."""
+    return ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_serial,
+                              initargs=(torch.get_num_threads(),))
 
 
-def _serial() -> None:
+def _serial(default: int) -> None:
     torch.get_num_threads()     # torch's lazy per-thread setup first: run later, it would
     torch.set_num_threads(1)    # set the count back to the default
+    in_own_thread(torch.set_num_threads, default)
