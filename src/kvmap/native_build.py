@@ -10,8 +10,10 @@ in a warning and hand back None for good, so the caller runs its eager path.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,13 +48,34 @@ class NativeLibrary:
             return None
         if self._ops is None:
             try:
-                from torch.utils.cpp_extension import load_inline
-                load_inline(self.name, cpp_sources=[self.source], is_python_module=False,
-                            extra_cflags=["-O3", "-ffp-contract=off", *OPENMP, *self.flags],
-                            extra_ldflags=list(OPENMP))
+                self._load()
                 self._ops = getattr(torch.ops, self.namespace)
             except Exception as e:  # noqa: BLE001 -- no compiler, no headers: run eager
                 self.broken = f"{type(e).__name__}: {e}"
                 warnings.warn(f"{self.what} is off ({self.broken[:200]}); running eager")
                 return None
         return self._ops
+
+    def _load(self) -> None:
+        """The built library when it is there, else a build. The name carries a digest of
+        the source, flags and torch version, so a library on disk is the one this code
+        wants and loads without ``load_inline``: that takes a lock file on every call, and
+        a process killed while holding it (``kill -9`` of a bench cell) left every later
+        ``load_inline`` of that library waiting for it forever."""
+        from torch.utils.cpp_extension import load_inline
+        built = self.built_path()
+        if built.is_file():
+            torch.ops.load_library(str(built))
+            return
+        load_inline(built.stem, cpp_sources=[self.source], is_python_module=False,
+                    extra_cflags=self._cflags(), extra_ldflags=list(OPENMP))
+
+    def _cflags(self) -> list[str]:
+        return ["-O3", "-ffp-contract=off", *OPENMP, *self.flags]
+
+    def built_path(self) -> Path:
+        """Where the library of this source, these flags and this torch is (or will be)."""
+        from torch.utils.cpp_extension import _get_build_directory
+        key = "\0".join([self.source, *self._cflags(), torch.__version__])
+        name = f"{self.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        return Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
