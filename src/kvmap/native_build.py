@@ -1,9 +1,10 @@
 """A C++ operator library built on first use, shared by the native kernels
-(``kv.codecs.native``: the quantized write; ``model.native_decode``: decode attention).
+(``kv.codecs.native``: the quantized write; ``model.native_decode``: decode attention;
+``model.native_layer``: a Llama layer outside attention).
 
 One concept: compile ``source`` with the system's C++ compiler
 (``torch.utils.cpp_extension.load_inline``, cached under ``~/.cache/torch_extensions``
-by ``name``), register its ``TORCH_LIBRARY(namespace, ...)`` and hand back
+by ``name`` and a digest of source, flags and torch), register its ``TORCH_LIBRARY(namespace, ...)`` and hand back
 ``torch.ops.<namespace>``; when it cannot build (no compiler, no headers), say why once
 in a warning and hand back None for good, so the caller runs its eager path.
 ``KVMAP_NATIVE=0`` turns every native library off (``ENABLED``).

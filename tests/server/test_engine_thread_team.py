@@ -88,10 +88,10 @@ def test_build_server_loads_the_engines_outside_the_main_thread():
     assert after == base
 
 
-def test_a_serial_worker_makes_no_pool_and_leaves_torchs_count():
-    """A tier's helper thread (``serial_executor``) copies a long context's pages beside
-    the engine: with ``serial_worker`` its parallel operators stay on it, without it the
-    same work leaves a second pool (the control); later threads still get the whole team."""
+def test_a_serial_executor_makes_no_pool_and_leaves_torchs_count():
+    """A tier's helper thread copies a long context's pages beside the engine: made by
+    ``serial_executor`` its parallel operators stay on it, a plain executor's same work
+    leaves a second pool (the control); later threads still get the whole team."""
     base, serial, plain, later = _run(
         "from kvmap.hardware.omp_team import serial_executor\n"
         "from concurrent.futures import ThreadPoolExecutor\n"

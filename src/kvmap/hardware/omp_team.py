@@ -19,8 +19,8 @@ loaded in a thread that then exited -- a pool dies with its thread.
 So the server builds its engines in a thread that exits (``in_own_thread``), and the
 engine thread is the only one whose operators fan out. A helper thread that lives beside
 the engine (the tiers' readers and loaders) runs its operators on itself alone
-(``serial_executor``): its copies of a long context's pages
-would otherwise make it a pool of its own for the engine's life.
+(``serial_executor``): its copies of a long context's pages would otherwise make it a
+pool of its own for the engine's life.
 """
 from __future__ import annotations
 
@@ -59,7 +59,6 @@ def os_thread_count() -> int:
     """The threads this process has now, OpenMP's workers included (Linux's
     ``/proc/self/task``; ``threading`` sees none of OpenMP's)."""
     return len(os.listdir("/proc/self/task"))
-
 
 
 def serial_executor(name: str) -> ThreadPoolExecutor:

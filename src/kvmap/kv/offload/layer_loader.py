@@ -168,8 +168,7 @@ class LayerLoader:
     def __init__(self, layers) -> None:
         self.layers = layers
         self._pending: list[tuple[LayerLoad, Future]] = []
-        self._executor: ThreadPoolExecutor | None = serial_executor(
-            "kvmap-layer-load")
+        self._executor: ThreadPoolExecutor | None = serial_executor("kvmap-layer-load")
         self.wait_s = 0.0         # engine time blocked on a layer (model idle)
         self.copy_s = 0.0         # loader thread time copying, loads finished
 
