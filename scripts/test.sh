@@ -9,4 +9,4 @@ if [ -f scripts/redis.sh ]; then
   trap 'bash scripts/redis.sh stop 6390 >/dev/null 2>&1' EXIT
 fi
 bash scripts/chromium.sh    # the report's browser test (tests/report) needs it
-.venv/bin/python -m pytest tests "$@"
+.venv/bin/python -m pytest tests --durations=25 "$@"   # the slowest tests: they differ by machine class

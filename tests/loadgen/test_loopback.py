@@ -67,7 +67,7 @@ def test_three_rates_against_kvmap_serve(tiny_serve, tmp_path):
 
 @pytest.mark.slow
 def test_ttft_agrees_with_the_server_histogram(kvmap_serve, tmp_path):
-    server = kvmap_serve("--dtype", "bf16")
+    server = kvmap_serve("--dtype", "auto")   # the fast dtype of this class
     cells = _loadgen(server.url, tmp_path / "run", "--rate", "0.5,1,2",
                      "--num-requests", "5", "--prompt-tokens", "512", "--output-tokens", "8")
     for c in cells:

@@ -89,7 +89,7 @@ def test_same_requests_and_tokens_against_kvmap_serve(kvmap_serve):
     """The embedded model served by ``kvmap serve``: 16 requests at concurrency 4, each
     client's requests are the same and each gets back exactly its max_tokens."""
     from kvmap.loadgen import prompts
-    server = kvmap_serve("--dtype", "bf16")
+    server = kvmap_serve("--dtype", "auto")   # the fast dtype of this class
     import json
     import urllib.request
     with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as r:
