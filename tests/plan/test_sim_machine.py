@@ -159,6 +159,10 @@ def test_this_machine_is_timed_by_the_calibration_of_its_class(tmp_path, monkeyp
     want = step_time(mc.perf.shape, mc.perf.rates, "int8", cal, prefill_tokens=0,
                      prefill_pairs=0, decode_tokens=5, decode_pairs=400)
     assert step_cost(mc, hw, load).total_s == pytest.approx(want.total_s)
-    assert want.total_s > step_time(mc.perf.shape, mc.perf.rates, "fp32", cal,
-                                    prefill_tokens=0, prefill_pairs=0, decode_tokens=5,
-                                    decode_pairs=400).total_s   # the codec's factor
+    base = step_time(mc.perf.shape, mc.perf.rates, "fp32", cal, prefill_tokens=0,
+                     prefill_pairs=0, decode_tokens=5, decode_pairs=400).total_s
+    # the codec's measured factor moves the step its way: above 1 on the classes where
+    # int8's decode was slower than the full cache, below 1 where it was faster (the
+    # x86-avx2 fit, which a class without its own fit may borrow)
+    factor = cal.decode_factor_of("int8")
+    assert (want.total_s - base) * (factor - 1.0) > 0, (factor, want, base)
