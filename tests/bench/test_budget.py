@@ -167,3 +167,146 @@ def test_a_resumed_run_keeps_its_stored_sizes(scenario):
     again = replay(scenario, plan.to_dict(), estimate, pools)
     assert again.scenario.fingerprint() == plan.scenario.fingerprint()
     assert [v for _, v in again.cuts] == [v for _, v in plan.cuts]
+
+
+OPTIONAL = """
+    models: ["dummy:tiny"]
+    engine: {kv_memory: 1MiB, block_size: 4, max_num_batched_tokens: 64, max_num_seqs: 64}
+    kv: [fp32, int8]
+    cell_timeout_s: 600
+    workloads:
+      - {name: tp, kind: synthetic, num_requests: 200, prompt_len: 32, output_len: 8,
+         arrival: closed:4}
+      - {name: big, kind: synthetic, num_requests: 400, prompt_len: 16, output_len: 4,
+         arrival: closed:64, kv_memory: 64 tokens, optional: %s}
+      - {name: search, kind: synthetic, num_requests: 48, prompt_len: 32, output_len: 8,
+         arrival: auto, optional: %s}
+    slo: ttft_p90=1s
+    """
+
+
+def _load(tmp_path, text: str):
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_scenario(path)
+
+
+def _family_s(est, family: str) -> float:
+    return sum(c.seconds for c in est.cells if c.family == family)
+
+
+def test_optional_entries_go_costliest_first_when_the_minimum_does_not_fit(tmp_path):
+    scenario = _load(tmp_path, OPTIONAL % ("true", "true"))
+    estimate, pools = _sizing(scenario)
+    least = estimate(_at_minimum(scenario, pools))
+    big, search = _family_s(least, "big"), _family_s(least, "search")
+    assert big != search
+    costly, cheap = ("big", "search") if big > search else ("search", "big")
+    # room for everything but the costlier optional entry
+    budget = least.seconds - max(big, search) + 1.0
+    plan = size_to_budget(scenario, budget, estimate, pools)
+    reasons = dict(plan.left_out)
+    gone = {c.workload.name for c in plan.scenario.cells() + plan.scenario.searches()
+            if c.cell_id in reasons}
+    assert gone == {costly}
+    assert all(why.startswith("optional, and the minimum does not fit --budget")
+               for why in reasons.values())
+    assert plan.estimate_s <= budget and plan.minimum_estimate_s <= budget
+    # a search goes whole, by its template's id (the runner skips that search)
+    if costly == "search":
+        assert set(reasons) == {t.cell_id for t in plan.scenario.searches()}
+    # below what the entries that are not optional need: refused, naming it
+    with pytest.raises(BudgetError, match="cannot hold the minimum"):
+        size_to_budget(scenario, _family_s(least, "tp") / 2, estimate, pools)
+    # nothing optional: the same budget is refused
+    strict = _load(tmp_path, OPTIONAL % ("false", "false"))
+    estimate, pools = _sizing(strict)
+    with pytest.raises(BudgetError):
+        size_to_budget(strict, budget, estimate, pools)
+
+
+def test_a_cell_over_its_timeout_even_at_the_minimum_costs_the_budget_nothing(tmp_path):
+    from dataclasses import replace
+    scenario = _load(tmp_path, OPTIONAL % ("false", "false"))
+    estimate, pools = _sizing(scenario)
+    least = estimate(_at_minimum(scenario, pools))
+    # the family whose every cell costs more at the minimum than any other family's (tp:
+    # each of its cells runs its configuration's checklist probes)
+    costly = [f for f in {c.family for c in least.cells}
+              if min(c.seconds for c in least.cells if c.family == f)
+              > max(c.seconds for c in least.cells if c.family != f)]
+    assert len(costly) == 1
+    family = costly[0]
+    lowest = min(c.seconds for c in least.cells if c.family == family)
+    others = max(c.seconds for c in least.cells if c.family != family)
+    tight = replace(scenario, cell_timeout_s=(lowest + others) / 2)
+    # enough for what can run, not for that family's cells as well
+    budget = least.seconds - _family_s(least, family) + 1.0
+    plan = size_to_budget(tight, budget, estimate, pools)
+    assert plan.minimum_estimate_s <= budget < least.seconds
+    killed = {c.cell_id for c in plan.scenario.cells() + plan.scenario.searches()
+              if c.workload.name == family}
+    assert killed and killed <= {cid for cid, _ in plan.left_out}
+    assert all("over its cell_timeout_s" in why for _, why in plan.left_out)
+    assert plan.estimate_s <= budget
+
+
+def test_a_left_out_search_is_not_run(tmp_path):
+    from kvmap.bench.search_backend import SearchingBackend, with_searches
+    scenario = _load(tmp_path, OPTIONAL % ("false", "false"))
+    templates = scenario.searches()
+    assert len(templates) == 2
+    from kvmap.bench.local_backend import LocalBackend
+    inner = LocalBackend()
+    assert with_searches(inner, scenario, scenario.cells(),
+                         left_out={t.cell_id for t in templates}) is inner
+    one = with_searches(inner, scenario, scenario.cells(), left_out={templates[0].cell_id})
+    assert isinstance(one, SearchingBackend)
+    assert [t.cell_id for t in one.templates] == [templates[1].cell_id]
+
+
+def test_optional_is_a_boolean_and_does_not_change_what_a_cell_computes(tmp_path):
+    from kvmap.bench.scenario import ScenarioError
+    with pytest.raises(ScenarioError, match=r"optional: 'yes' must be true or false"):
+        _load(tmp_path, OPTIONAL % ("'yes'", "false"))
+    on = _load(tmp_path, OPTIONAL % ("true", "true"))
+    off = _load(tmp_path, OPTIONAL % ("false", "false"))
+    assert [c.cell_id for c in on.cells()] == [c.cell_id for c in off.cells()]
+    assert [c.cell_id for c in on.searches()] == [c.cell_id for c in off.searches()]
+    assert on.fingerprint() == off.fingerprint()
+    assert {w.name: w.optional for w in on.workloads} == {"tp": False, "big": True,
+                                                          "search": True}
+
+
+def _shipped():
+    from kvmap.perf.calibration import shipped, shipped_name
+    return [pytest.param(c, id=shipped_name(c)) for c in shipped()]
+
+
+@pytest.mark.parametrize("cal", _shipped())
+def test_the_default_scenario_fits_its_budget_on_every_shipped_class(cal, monkeypatch):
+    # `kvmap bench` (the README's first command) on each machine class a calibration
+    # was fitted on, at that class's reference rates and `auto` dtype: its 40 minutes
+    # hold the scenario's minimum once what cannot run (over its timeout) and what may go
+    # (optional) are left out -- on x86-avx2 the minimum counted W8A8's cells, estimated
+    # past their 600 s timeout, and the command refused to run
+    from pathlib import Path
+    monkeypatch.setenv("KVMAP_NATIVE_BF16", "1" if cal.dtype == "bf16" else "0")
+    scenarios = Path(__import__("kvmap.bench.scenarios", fromlist=["x"]).__file__).parent
+    scenario = load_scenario(scenarios / "default.yaml")
+    assert {m.dtype for m in scenario.models} == {cal.dtype}
+    est = Estimator(None, calibration=cal)
+    cells = scenario.cells() + scenario.searches()
+    plan = size_to_budget(scenario, parse_duration("40m"), lambda s: estimate_run(s, est),
+                          lambda w: est.pool_requests(cells, w))
+    assert plan.estimate_s <= 2400
+    # never the baseline: what is left out is optional, or a cell that would be killed
+    left = {cid for cid, _ in plan.left_out}
+    kept = [c for c in plan.scenario.cells() + plan.scenario.searches()
+            if c.cell_id not in left]
+    assert {c.kv for c in kept if c.model.label == "smollm2"} >= {cal.dtype, "int8", "int4"}
+    for c in plan.scenario.cells() + plan.scenario.searches():
+        if c.cell_id in left:
+            job = c.workload if c.workload is not None else c.task
+            reason = dict(plan.left_out)[c.cell_id]
+            assert job.optional or "over its cell_timeout_s" in reason, (c.cell_id, reason)

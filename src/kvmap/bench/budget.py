@@ -18,11 +18,15 @@ What is sizeable, each from its written value down to a stated minimum (``minimu
 
 One scale s in [0, 1] moves every knob at once, ``value = max(minimum, round(written x s))``,
 and s is bisected to the largest value whose estimate fits the budget. Before any cell:
-a budget whose minimum does not fit is refused (``BudgetError`` naming the budget, the
-minimum's estimate, and the families that cost most at their minimum); a cell that would
-pass its own ``cell_timeout_s`` on its estimate is left out, with the reason, rather than
-run to be killed. ``BudgetPlan.to_dict`` goes to run.json (``budget``): the report says
-what the budget cut.
+a cell that would pass its own ``cell_timeout_s`` on its estimate is left out, with the
+reason, rather than run to be killed (a search whole, by its template's id, if any probe
+would); one that passes it even at the minimum costs the budget nothing. A budget whose
+minimum still does not fit leaves out the scenario's ``optional: true`` entries (every
+configuration of one together), the costliest at its minimum first, until it fits; if it
+does not fit without them either, it is refused (``BudgetError`` naming the budget, the
+minimum's estimate, and the families that cost most at their minimum).
+``BudgetPlan.to_dict`` goes to run.json (``budget``): the report says what the budget
+cut and what it left out, with why.
 """
 from __future__ import annotations
 
@@ -192,28 +196,80 @@ def size_to_budget(scenario: Scenario, budget_s: float,
 
     sized, values, written = at(1.0)
     _, _, minimum = at(0.0)
-    if minimum.seconds > budget_s:
-        raise BudgetError(_refusal(budget_s, minimum))
+    timeout = scenario.cell_timeout_s
+    # a cell over its timeout even at the minimum can run at no size: it is left out
+    # whatever the scale, so it costs the budget nothing (a search goes whole)
+    never = {c.group for c in _over(minimum, timeout)}
+
+    def runs_s(est) -> float:
+        """What runs of ``est``: not the groups left out, nor a cell (or search) that
+        would pass its timeout at this size (a bigger size may leave it out)."""
+        over = {c.left_out_as for c in _over(est, timeout)}
+        return est.seconds - sum(c.seconds for c in est.cells
+                                 if c.group in never or c.left_out_as in over)
+
+    dropped = _drop_optional(minimum, never, runs_s, budget_s)
+    if runs_s(minimum) > budget_s:
+        raise BudgetError(_refusal(budget_s, minimum, never, runs_s(minimum)))
     scale = 1.0
-    if written.seconds > budget_s:
+    if runs_s(written) > budget_s:
         lo, hi = 0.0, 1.0
         for _ in range(steps):
             mid = (lo + hi) / 2
-            if at(mid)[2].seconds <= budget_s:
+            if runs_s(at(mid)[2]) <= budget_s:
                 lo = mid
             else:
                 hi = mid
         scale = lo
     sized, values, est = at(scale)
-    left_out = tuple((c.cell_id, f"estimated {c.seconds:.0f} s, over its cell_timeout_s "
-                                 f"{sized.cell_timeout_s:g} s: it would be killed")
-                     for c in est.cells
-                     if sized.cell_timeout_s is not None and c.seconds > sized.cell_timeout_s)
+    left_out = _left_out(est, sized.cell_timeout_s, dropped, budget_s)
     cuts = tuple((k, v) for k, v in values.items() if v < k.written)
-    return BudgetPlan(budget_s, written.seconds, minimum.seconds,
-                      est.seconds - sum(c.seconds for c in est.cells
-                                        if c.cell_id in dict(left_out)),
+    return BudgetPlan(budget_s, written.seconds, runs_s(minimum),
+                      est.without({cid for cid, _ in left_out}).seconds,
                       scale, cuts, left_out, sized)
+
+
+def _drop_optional(minimum, never: set, runs_s: Callable, budget_s: float) -> dict:
+    """While the minimum does not fit, leave out the scenario's ``optional`` entries, the
+    costliest at its minimum first (adds their groups to ``never``); {entry: its minimum's
+    seconds} of those left out."""
+    dropped: dict = {}
+    while runs_s(minimum) > budget_s:
+        cost: dict = {}
+        for c in minimum.cells:
+            if c.optional is not None and c.group not in never:
+                cost[c.optional] = cost.get(c.optional, 0.0) + c.seconds
+        if not cost:
+            break
+        entry = max(cost, key=cost.get)
+        dropped[entry] = cost[entry]
+        never.update(c.group for c in minimum.cells if c.optional == entry)
+    return dropped
+
+
+def _over(est, timeout_s: float | None) -> list:
+    """The cells of ``est`` whose estimate passes ``timeout_s``: they would be killed."""
+    return [] if timeout_s is None else [c for c in est.cells if c.seconds > timeout_s]
+
+
+def _left_out(est, timeout_s: float | None, dropped: dict | None = None,
+              budget_s: float = 0.0) -> tuple[tuple[str, str], ...]:
+    """(id, reason) of each cell, or search, left out: an optional entry's (``dropped``,
+    {entry: its minimum's seconds}), then each that would pass its timeout; a search that
+    would lose a probe to it is left out whole, by its template's id."""
+    out: dict[str, str] = {}
+    dropped = dropped or {}
+    for c in est.cells:
+        if c.optional in dropped and c.left_out_as not in out:
+            out[c.left_out_as] = (f"optional, and the minimum does not fit --budget "
+                                  f"{fmt_duration(budget_s)} with it (its entry "
+                                  f"{fmt_duration(dropped[c.optional])} at its minimum)")
+    for c in sorted(_over(est, timeout_s), key=lambda c: -c.seconds):
+        if c.left_out_as not in out:
+            what = "a probe of its search" if c.search else "its cell"
+            out[c.left_out_as] = (f"{what} estimated {c.seconds:.0f} s, over its "
+                                  f"cell_timeout_s {timeout_s:g} s: it would be killed")
+    return tuple(out.items())
 
 
 def check_only(scenario: Scenario, budget_s: float, est) -> BudgetPlan:
@@ -221,13 +277,17 @@ def check_only(scenario: Scenario, budget_s: float, est) -> BudgetPlan:
     return BudgetPlan(budget_s, est.seconds, None, est.seconds, 1.0, scenario=scenario)
 
 
-def _refusal(budget_s: float, minimum) -> str:
-    families = sorted(minimum.by_family().items(), key=lambda kv: -kv[1][1])
+def _refusal(budget_s: float, minimum, never: set, minimum_s: float) -> str:
+    families = sorted(minimum.by_family(never).items(), key=lambda kv: -kv[1][1])
     costly = ", ".join(f"{f} ({n} cells, {fmt_duration(s)})" for f, (n, s) in families[:3])
+    dropped = len({c.left_out_as for c in minimum.cells if c.group in never})
+    left = (f" ({dropped} cell(s) or searches left out: optional, or over their "
+            f"cell_timeout_s even at the minimum)" if dropped else "")
     return (f"--budget {fmt_duration(budget_s)} cannot hold the minimum of every configuration: "
-            f"the minimum is estimated at {fmt_duration(minimum.seconds)} on this machine. "
-            f"Drop configurations or jobs (most costly at their minimum: {costly}), or "
-            f"give --budget {fmt_duration(math.ceil(minimum.seconds / 60) * 60)} or more")
+            f"the minimum is estimated at {fmt_duration(minimum_s)} on this machine{left}. "
+            f"Drop configurations or jobs, or mark them optional (most costly at their "
+            f"minimum: {costly}), or "
+            f"give --budget {fmt_duration(math.ceil(minimum_s / 60) * 60)} or more")
 
 
 def replay(scenario: Scenario, stored: dict, estimate: Callable[[Scenario], object],
@@ -238,9 +298,8 @@ def replay(scenario: Scenario, stored: dict, estimate: Callable[[Scenario], obje
     values = {by_name[c["name"], c["key"]]: c["value"] for c in stored.get("cuts") or []
               if (c["name"], c["key"]) in by_name}
     sized = apply(scenario, values)
-    est = estimate(sized)
+    left_out = tuple((x["cell_id"], x["reason"]) for x in stored.get("left_out") or [])
+    est = estimate(sized).without({cid for cid, _ in left_out})
     return BudgetPlan(stored["budget_s"], stored["written_estimate_s"],
                       stored.get("minimum_estimate_s"), est.seconds, stored.get("scale", 1.0),
-                      tuple(values.items()),
-                      tuple((x["cell_id"], x["reason"]) for x in stored.get("left_out") or []),
-                      sized)
+                      tuple(values.items()), left_out, sized)

@@ -60,6 +60,7 @@ class WorkloadEntry:
     endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
     block_size: int | None = None              # one value of a block-size sweep (block_sweep)
     search: dict | None = None                 # arrival: auto (runs.search settings)
+    optional: bool = False                     # a budget may leave it out (bench.budget)
 
     def spec(self, seed: int = 0):
         """The workload of this level; an ``arrival: auto`` entry's (its probes set
@@ -84,6 +85,7 @@ class TaskEntry:
     kv: tuple[str, ...] | None = None          # its own KV list (else the scenario's)
     models: tuple[str, ...] | None = None      # model labels it runs on (else all)
     endpoints: tuple[str, ...] | None = None   # the endpoints it runs on (None: all)
+    optional: bool = False                     # a budget may leave it out (bench.budget)
 
     @property
     def is_accuracy_task(self) -> bool:
@@ -327,6 +329,8 @@ def _drop_unset_endpoints(data: dict) -> None:
     for jobs in (data.get("workloads") or [], data.get("tasks") or [],
                  [data.get("workload") or {}, data.get("task") or {}]):
         for job in jobs:
+            if isinstance(job, dict):       # what a cell computes does not depend on it
+                job.pop("optional", None)
             for key in ("endpoints", "slo", "block_size", "search"):
                 if isinstance(job, dict) and key in job and job[key] is None:
                     job.pop(key)

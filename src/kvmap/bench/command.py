@@ -118,7 +118,7 @@ def bench(
     try:
         result = run_scenario(parsed, run_dir, console=err, backend=backend,
                               address=address, retry_failed=retry_failed, cells=cells,
-                              estimate=plan.estimate, searches=True,
+                              estimate=plan.estimate, searches=True, left_out=left_out,
                               predict=_predictor(predict), replan=_started(plan, t_command))
         from kvmap.runs.store import RunStore
         RunStore(result.run_dir).update_metadata(preflight=plan.to_dict())

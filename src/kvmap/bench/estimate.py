@@ -42,6 +42,14 @@ class CellEstimate:
     seconds: float
     parts: dict                      # start, build, prefill, decode, probes (s)
     work: Work = field(repr=False, default_factory=Work)
+    group: tuple = ()                # what a budget's sizing keeps (``group_of``)
+    search: str | None = None        # a search's probe: its template's cell id
+    optional: tuple | None = None    # its entry, when a budget may leave it out (``entry_of``)
+
+    @property
+    def left_out_as(self) -> str:
+        """The id a budget leaves it out by: a search goes whole, by its template's."""
+        return self.search or self.cell_id
 
     def to_dict(self) -> dict:
         return {"estimate_s": round(self.seconds, 2),
@@ -59,6 +67,23 @@ LEVEL_SHARE = 0.8
 
 def family_of(cell: CellSpec) -> str:
     return cell.workload.name if cell.workload is not None else cell.task.name
+
+
+def group_of(cell: CellSpec) -> tuple:
+    """What a cell keeps whatever a budget sizes (its id does not: it hashes the sizes):
+    the model, the KV configuration, the job and its load level."""
+    load = cell.workload.load if cell.workload is not None else None
+    return (cell.model.label, cell.model.dtype, cell.kv, family_of(cell),
+            (load or {}).get("label"))
+
+
+def entry_of(cell: CellSpec) -> tuple | None:
+    """The scenario entry of an ``optional`` workload or task (its every configuration
+    goes together, or none), else None."""
+    job = cell.workload if cell.workload is not None else cell.task
+    if not getattr(job, "optional", False):
+        return None
+    return (family_of(cell), job.models, job.kv)
 
 
 class Estimator:
@@ -132,7 +157,8 @@ class Estimator:
         busy = sum(v for k, v in parts.items() if k in ("prefill", "decode"))
         if work.floor_s > busy:                 # an open loop waits for its schedule
             parts["schedule_wait"] = work.floor_s - busy
-        return CellEstimate(cell.cell_id, family_of(cell), sum(parts.values()), parts, work)
+        return CellEstimate(cell.cell_id, family_of(cell), sum(parts.values()), parts, work,
+                            group_of(cell), optional=entry_of(cell))
 
     def run_overhead_s(self, cells: list[CellSpec]) -> float:
         """What a run pays besides its cells: the CLI, the thread-policy probe, the
@@ -175,7 +201,8 @@ class Estimator:
         rate = float(f"{LEVEL_SHARE * n / max(busy, 1e-3):.3g}")
         level = self.cell(scenario.probe_cell(template, "level", f"poisson:{rate:g}", n),
                           probes=False)
-        return out + [level] * min(EXPECTED_LEVELS, settings.max_probes)
+        out += [level] * min(EXPECTED_LEVELS, settings.max_probes)
+        return [replace(c, group=group_of(template), search=template.cell_id) for c in out]
 
     def pool_requests(self, cells: list[CellSpec], entry) -> list[float]:
         """The requests the pool holds at each configuration that runs ``entry``."""
@@ -216,16 +243,25 @@ class RunEstimate:
     def seconds(self) -> float:
         return self.run_s + sum(c.seconds for c in self.cells)
 
-    def by_family(self) -> OrderedDict:
-        """family -> (number of cells, seconds), in scenario order."""
+    def by_family(self, leave_out: set = frozenset()) -> OrderedDict:
+        """family -> (number of cells, seconds), in scenario order; without the cells
+        whose ``group`` is in ``leave_out``."""
         out: OrderedDict = OrderedDict()
         for c in self.cells:
+            if c.group in leave_out:
+                continue
             n, s = out.get(c.family, (0, 0.0))
             out[c.family] = (n + 1, s + c.seconds)
         return out
 
     def of(self, cell_id: str) -> CellEstimate | None:
         return next((c for c in self.cells if c.cell_id == cell_id), None)
+
+    def without(self, left_out: set[str]) -> RunEstimate:
+        """The estimate of what runs: without the cells and searches a budget left out
+        (``CellEstimate.left_out_as``)."""
+        return replace(self, cells=tuple(c for c in self.cells
+                                         if c.left_out_as not in left_out))
 
     def lines(self) -> list[str]:
         """The printout: one line per family, then the total."""

@@ -88,6 +88,8 @@ def preflight(scenario: Scenario, budget: str | None = None, sizing: bool = True
             else check_only(scenario, budget_s, written)
         scenario = plan.scenario
     final = estimate(scenario) if plan is not None and plan.scale < 1 else written
+    if plan is not None:             # what runs: the ETA and a re-plan count only that
+        final = final.without({cid for cid, _ in plan.left_out})
     replanner = None
     if plan is not None and plan.minimum_estimate_s is not None:
         from kvmap.bench.budget import knobs

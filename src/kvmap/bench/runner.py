@@ -117,7 +117,8 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                  show_progress: bool = True, command: list[str] | None = None,
                  backend: str | CellBackend = "local", address: str | None = None,
                  cells: list[CellSpec] | None = None, estimate=None,
-                 searches: bool | None = None, predict=None, replan=None) -> RunResult:
+                 searches: bool | None = None, predict=None, replan=None,
+                 left_out: set[str] = frozenset()) -> RunResult:
     """Run (or resume) ``scenario`` into ``run_dir``; see the module docstring.
 
     ``backend``: ``"local"`` (each cell in its own process here, one at a time),
@@ -126,7 +127,8 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     cannot run the scenario's cells. ``cells``: run only these (default
     ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time.
     Without ``cells`` (or with ``searches=True``), the scenario's ``arrival: auto``
-    searches run after its cells (``search_backend``). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
+    searches run after its cells (``search_backend``), but those whose template's id is
+    in ``left_out`` (a budget's: a probe would pass its cell timeout). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
     its cell's estimate beside its actual wall time (``estimate``), and the ETA uses it.
     ``replan`` (``bench.replan.Replanner``): after each cell, the cells not started yet
     are re-sized when the run is off its budget's course (a backend that
@@ -153,7 +155,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
                         - (time.perf_counter() - t_start))
             sized = plan.sized_scenario
         backend = with_searches(backend, scenario, cells, retry_failed, predict,
-                                time_left, sized)
+                                time_left, sized, left_out)
     backend = with_predictions(backend, predict)
     backend.open(cells)
     with backend, RunLock(run_dir), _thread_settings(backend, console) as settings:

@@ -34,10 +34,11 @@ TOP_KEYS = {"name", "description", "seed", "models", "engine", "kv", "workloads"
 MODEL_KEYS = {"name", "dtype", "quantization"}
 ENGINE_KEYS = {"kv_memory", "block_size", "max_num_seqs", "max_num_batched_tokens",
                "enable_prefix_caching", "num_threads", "device"}
+OPTIONAL_KEY = "optional"    # a budget whose minimum does not fit may leave the entry out
 # the bench's own workload keys beside the workload's: its KV list, pool budget, models
 BENCH_WORKLOAD_KEYS = WORKLOAD_KEYS | {"kv", "kv_memory", "models", "slo", "endpoints",
-                                      BLOCK_SIZE_KEY, "search"}
-TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints"}
+                                      BLOCK_SIZE_KEY, "search", OPTIONAL_KEY}
+TASK_KEYS = {"name", "task", "params", "kv", "models", "endpoints", OPTIONAL_KEY}
 TASK_PATH_PARAMS = ("data_path", "corpus")      # resolved against the scenario's folder
 
 
@@ -248,9 +249,10 @@ def _parse_workloads(raw: Any, problems: Problems, notes: list[str], skip: bool,
         named = [(name, None)] if sizes is None else \
             [(sweep_name(name, b) if isinstance(item[BLOCK_SIZE_KEY], list) else name, b)
              for b in sizes]
+        optional = _optional(item, where, problems)
         entries += [WorkloadEntry(label, level, load.to_dict() if load else None, kv,
                                   kv_memory, models, slo, chosen, block_size=size,
-                                  search=search or None)
+                                  search=search or None, optional=optional)
                     for label, size in named for level, load in levels]
     return entries
 
@@ -304,5 +306,15 @@ def _parse_tasks(raw: Any, problems: Problems, notes: list[str], skip: bool,
         kv = tuple(parse_kv(item["kv"], f"{where}.kv", problems, notes, skip)) \
             if "kv" in item else None
         entries.append(TaskEntry(name, task, dict(params), kv, as_tuple(item.get("models")),
-                                 parse_endpoint_filter(item, where, list(endpoints), problems)))
+                                 parse_endpoint_filter(item, where, list(endpoints), problems),
+                                 _optional(item, where, problems)))
     return entries
+
+
+def _optional(item: dict, where: str, problems: Problems) -> bool:
+    """An entry's ``optional`` (default false): true or false, nothing else."""
+    value = item.get(OPTIONAL_KEY, False)
+    if not isinstance(value, bool):
+        problems.add(f"{where}.{OPTIONAL_KEY}", f"{value!r} must be true or false")
+        return False
+    return value

@@ -29,13 +29,14 @@ SEARCHES_FILE = "searches.json"
 
 
 class SearchingBackend(WrappingBackend):
-    """``inner``, then the searches of ``templates`` (``Scenario.searches``)."""
+    """``inner``, then the searches ``keep`` (indices into ``Scenario.searches``)."""
 
-    def __init__(self, inner: CellBackend, scenario: Scenario, templates: list[CellSpec],
+    def __init__(self, inner: CellBackend, scenario: Scenario, keep: list[int],
                  cells: list[CellSpec], retry_failed: bool = False, predict=None,
                  budget: SearchBudget | None = None, sized=None):
         super().__init__(inner)
-        self.scenario, self.templates = scenario, templates
+        self.scenario, self.keep = scenario, keep
+        self.templates = [scenario.searches()[i] for i in keep]
         self.budget, self.sized = budget, sized
         self.predict = predict.local() if hasattr(predict, "local") else predict
         self.first_ordinal, self.retry_failed = len(cells), retry_failed
@@ -97,7 +98,8 @@ class SearchingBackend(WrappingBackend):
         if self.sized is None:
             return self.templates
         now = self.sized().searches()
-        return now if len(now) == len(self.templates) else self.templates
+        return [now[i] for i in self.keep] if len(now) == len(self.scenario.searches()) \
+            else self.templates
 
     def _predicted(self, template: CellSpec, probes: list[Probe],
                    records: list[CellRecord], store: RunStore) -> float | None:
@@ -142,13 +144,14 @@ def _save(store: RunStore, template: CellSpec, found, records: list[CellRecord],
 
 def with_searches(backend: CellBackend, scenario: Scenario, cells: list[CellSpec],
                   retry_failed: bool = False, predict=None, time_left=None,
-                  sized=None) -> CellBackend:
-    """``backend`` itself when the scenario has no ``arrival: auto`` workload.
-    ``time_left()``: seconds the run's budget has left (``search_budget``; None: no
-    budget); ``sized()``: the scenario at the re-plan's present sizes."""
-    templates = scenario.searches()
-    if not templates:
+                  sized=None, left_out: set[str] = frozenset()) -> CellBackend:
+    """``backend`` itself when the scenario has no ``arrival: auto`` workload (or the
+    budget left every search out: ``left_out``, template ids). ``time_left()``: seconds
+    the run's budget has left (``search_budget``; None: no budget); ``sized()``: the
+    scenario at the re-plan's present sizes."""
+    keep = [i for i, t in enumerate(scenario.searches()) if t.cell_id not in left_out]
+    if not keep:
         return backend
-    budget = SearchBudget(time_left, len(templates)) if time_left is not None else None
-    return SearchingBackend(backend, scenario, templates, cells, retry_failed, predict,
+    budget = SearchBudget(time_left, len(keep)) if time_left is not None else None
+    return SearchingBackend(backend, scenario, keep, cells, retry_failed, predict,
                             budget, sized)
