@@ -169,20 +169,14 @@ def test_a_resumed_run_keeps_its_stored_sizes(scenario):
     assert [v for _, v in again.cuts] == [v for _, v in plan.cuts]
 
 
-OPTIONAL = """
-    models: ["dummy:tiny"]
-    engine: {kv_memory: 1MiB, block_size: 4, max_num_batched_tokens: 64, max_num_seqs: 64}
-    kv: [fp32, int8]
-    cell_timeout_s: 600
-    workloads:
-      - {name: tp, kind: synthetic, num_requests: 200, prompt_len: 32, output_len: 8,
-         arrival: closed:4}
-      - {name: big, kind: synthetic, num_requests: 400, prompt_len: 16, output_len: 4,
-         arrival: closed:64, kv_memory: 64 tokens, optional: %s}
+# SCENARIO with its big workload optional or not, and an optional SLA capacity search
+OPTIONAL = SCENARIO.replace("kv_memory: 64 tokens}", "kv_memory: 64 tokens, optional: %s}") \
+    .rstrip() + """
       - {name: search, kind: synthetic, num_requests: 48, prompt_len: 32, output_len: 8,
          arrival: auto, optional: %s}
     slo: ttft_p90=1s
     """
+assert OPTIONAL.count("optional: %s") == 2
 
 
 def _load(tmp_path, text: str):
