@@ -195,7 +195,7 @@ def test_optional_entries_go_costliest_first_when_the_minimum_does_not_fit(tmp_p
     least = estimate(_at_minimum(scenario, pools))
     big, search = _family_s(least, "big"), _family_s(least, "search")
     assert big != search
-    costly, cheap = ("big", "search") if big > search else ("search", "big")
+    costly = "big" if big > search else "search"
     # room for everything but the costlier optional entry
     budget = least.seconds - max(big, search) + 1.0
     plan = size_to_budget(scenario, budget, estimate, pools)

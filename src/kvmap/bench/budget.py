@@ -252,13 +252,12 @@ def _over(est, timeout_s: float | None) -> list:
     return [] if timeout_s is None else [c for c in est.cells if c.seconds > timeout_s]
 
 
-def _left_out(est, timeout_s: float | None, dropped: dict | None = None,
-              budget_s: float = 0.0) -> tuple[tuple[str, str], ...]:
+def _left_out(est, timeout_s: float | None, dropped: dict,
+              budget_s: float) -> tuple[tuple[str, str], ...]:
     """(id, reason) of each cell, or search, left out: an optional entry's (``dropped``,
     {entry: its minimum's seconds}), then each that would pass its timeout; a search that
     would lose a probe to it is left out whole, by its template's id."""
     out: dict[str, str] = {}
-    dropped = dropped or {}
     for c in est.cells:
         if c.optional in dropped and c.left_out_as not in out:
             out[c.left_out_as] = (f"optional, and the minimum does not fit --budget "

@@ -128,7 +128,7 @@ def run_scenario(scenario: Scenario, run_dir: str | Path | None = None, *,
     ``scenario.cells()``); a search (``kvmap tune``) runs its cells a few at a time.
     Without ``cells`` (or with ``searches=True``), the scenario's ``arrival: auto``
     searches run after its cells (``search_backend``), but those whose template's id is
-    in ``left_out`` (a budget's: a probe would pass its cell timeout). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
+    in ``left_out`` (a budget's: optional, or a probe would pass its cell timeout). ``estimate`` (``bench.estimate.RunEstimate``): each record gets
     its cell's estimate beside its actual wall time (``estimate``), and the ETA uses it.
     ``replan`` (``bench.replan.Replanner``): after each cell, the cells not started yet
     are re-sized when the run is off its budget's course (a backend that
