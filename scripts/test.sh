@@ -9,4 +9,7 @@ if [ -f scripts/redis.sh ]; then
   trap 'bash scripts/redis.sh stop 6390 >/dev/null 2>&1' EXIT
 fi
 bash scripts/chromium.sh    # the report's browser test (tests/report) needs it
-.venv/bin/python -m pytest tests --durations=25 "$@"   # the slowest tests: they differ by machine class
+# two pytest-xdist workers of one torch thread each (tests/conftest.py) keep both cores
+# busy: a serial run leaves one idle about half the time (Python, servers starting, waits).
+# KVMAP_TEST_WORKERS=0 runs serially; --durations lists the slowest: they differ by class
+.venv/bin/python -m pytest tests -n "${KVMAP_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"

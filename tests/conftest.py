@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# scripts/test.sh runs two pytest-xdist workers on the 2-core machine: each gets one torch
+# thread. On x86-avx2 (2026-12-07) the suite took 29m44s serial, 25m07s with two workers of
+# two threads each (they contend: CPU time up by a third) and 16m40s with one each; a
+# serial run keeps two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 # bench runs in tests do not measure the cells' OpenMP wait policy (seconds each run):
 # they get PASSIVE, safe on a shared machine; tests/test_hardware.py measures it once
 os.environ.setdefault("KVMAP_CELL_OMP_WAIT_POLICY", "PASSIVE")
