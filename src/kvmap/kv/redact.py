@@ -26,6 +26,8 @@ matched; the one parser of secret URLs therefore never quotes the URL (issue 38)
 """
 from __future__ import annotations
 
+from typing import Any
+
 import re
 from urllib.parse import quote
 
@@ -84,7 +86,7 @@ def redact_spec(text: str) -> str:
     return "\n".join(_redact_line(line) for line in text.split("\n"))
 
 
-def redact_obj(value):
+def redact_obj(value: Any) -> Any:
     """A JSON-like value (dicts, lists, strings) with :func:`redact_spec` applied to every
     string in it, keys included; other values unchanged."""
     if isinstance(value, str):

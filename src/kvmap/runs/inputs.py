@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 FULL_HASH_BYTES = 8 << 20
 EDGE_BYTES = 1 << 20
@@ -33,7 +34,7 @@ def file_fingerprint(path: Path) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}:{h.hexdigest()}"
 
 
-def _candidates(value) -> list[str]:
+def _candidates(value: Any) -> list[str]:
     if isinstance(value, dict):
         return [c for v in value.values() for c in _candidates(v)]
     if isinstance(value, (list, tuple)):
@@ -50,7 +51,7 @@ def _candidates(value) -> list[str]:
     return out
 
 
-def input_files(scenario) -> dict[str, str]:
+def input_files(scenario: Any) -> dict[str, str]:
     """``{path: fingerprint}`` of every existing file the scenario names (files of a
     model directory included)."""
     found: dict[str, str] = {}

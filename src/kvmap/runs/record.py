@@ -10,11 +10,14 @@ used then (``legacy_task_kind``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+from typing import Any
 
 from kvmap.jsonable import jsonable
+
+JSONObject = dict[str, Any]       # a record's payload as JSON holds it
 
 RECORD_SCHEMA_NAME = "kvmap.bench.cell"
 RECORD_VERSION = 1
@@ -42,38 +45,39 @@ class CellRecord:
     workload: str | None = None
     task: str | None = None
     task_kind: str | None = None
-    params: dict = field(default_factory=dict)
-    load: dict | None = None
+    params: JSONObject = field(default_factory=dict)
+    load: JSONObject | None = None
     quantization: str | None = None
     started_at: str = field(default_factory=now_iso)
     status: str = "ok"               # "ok" | "failed" | "unavailable" (endpoint_spec)
     error: str | None = None
     traceback: str | None = None
     warnings: list[str] = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
+    metrics: JSONObject = field(default_factory=dict)
+    details: JSONObject = field(default_factory=dict)
     duration_s: float | None = None
-    env: dict | None = None
+    env: JSONObject | None = None
     # the preflight's estimate of the cell and its actual wall time (``bench.estimate``)
-    estimate: dict | None = None
+    estimate: JSONObject | None = None
     # the simulator's prediction of a workload cell on this machine (``plan.sim.predict``)
-    prediction: dict | None = None
+    prediction: JSONObject | None = None
     schema: str = RECORD_SCHEMA
-    extra: dict = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
 
     @classmethod
-    def of_cell(cls, cell, **values) -> CellRecord:
-        """The record of bench cell ``cell`` (a ``CellSpec``), before it runs."""
+    def of_cell(cls, cell: Any, **values: Any) -> CellRecord:
+        """The record of bench cell ``cell`` (a ``bench.cellspec.CellSpec``: typed ``Any``,
+        runs stands below the bench), before it runs."""
         w, t = cell.workload, cell.task
         return cls(cell_id=cell.cell_id, kind=cell.kind, model=cell.model.name,
                    dtype=cell.model.dtype, kv=cell.kv,
                    workload=w.name if w else None, task=t.name if t else None,
-                   params=w.options if w else t.params, load=w.load if w else None,
+                   params=w.options if w else t.params if t else {}, load=w.load if w else None,
                    quantization=cell.model.quantization,
                    **values)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> CellRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> CellRecord:
         """The record of a stored JSON object. ValueError naming the problem for another
         schema, a newer version of this one, or a missing required key."""
         if not isinstance(data, Mapping):
@@ -111,30 +115,31 @@ class CellRecord:
         """The workload or task the cell ran."""
         return self.workload or self.task
 
-    def metric(self, *keys):
+    def metric(self, *keys: str) -> Any:
         """``metrics[k1][k2]...``, or None where any level is missing."""
-        value = self.metrics
+        value: Any = self.metrics
         for key in keys:
             if not isinstance(value, dict):
                 return None
             value = value.get(key)
         return value
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JSONObject:
         out = {**self.extra, **{f.name: getattr(self, f.name) for f in fields(self)
                                 if f.name != "extra"}}
         for key in _ABSENT_WHEN_NONE:            # absent rather than null, as before
             if out[key] is None:
                 del out[key]
-        return jsonable(out)
+        stored: JSONObject = jsonable(out)
+        return stored
 
 
-def as_dicts(records) -> list[dict]:
+def as_dicts(records: Iterable[CellRecord | JSONObject]) -> list[JSONObject]:
     """Records as their stored JSON objects (readers written against the dict form)."""
     return [r if isinstance(r, dict) else r.to_dict() for r in records]
 
 
-def headline_kind(metrics: Mapping, per_sample=None) -> str:
+def headline_kind(metrics: Mapping[str, Any], per_sample: list[Any] | None = None) -> str:
     """How a task's result reads when the task does not say (``task_kind``): by its
     headline metric -- ``ppl``, else ``accuracy`` -- else ``generation`` for samples of
     a natural-stopping generation (a length and why it stopped), else ``other``."""
@@ -148,6 +153,6 @@ def headline_kind(metrics: Mapping, per_sample=None) -> str:
     return "other"
 
 
-def legacy_task_kind(metrics: Mapping, details: Mapping) -> str:
+def legacy_task_kind(metrics: Mapping[str, Any], details: Mapping[str, Any]) -> str:
     """``task_kind`` of a task record written before the field existed."""
     return headline_kind(metrics or {}, (details or {}).get("per_sample"))

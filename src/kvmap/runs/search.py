@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvmap.metrics.evidence import (KeyEvidence, decide, evidence_of, fit_boundary, key_quantile,
                                  level_verdict, needed_for_pass, pooled, slo_attainment)
+from kvmap.runs.record import JSONObject
 
 ROLES = ("serial", "saturated", "level", "bisect", "extend")
 SERIAL_REQUESTS = 4
@@ -76,7 +78,7 @@ class SearchSettings:
                              f"search.max_probes={self.max_probes}")
 
     @classmethod
-    def parse(cls, raw) -> SearchSettings:
+    def parse(cls, raw: Any) -> SearchSettings:
         if raw is None:
             return cls()
         if not isinstance(raw, dict):
@@ -88,15 +90,15 @@ class SearchSettings:
                              f"{', '.join(sorted(cls.__dataclass_fields__))}")
         return cls(**raw)
 
-    def to_dict(self) -> dict:
-        out = {"attainment": self.attainment, "tolerance": self.tolerance,
+    def to_dict(self) -> JSONObject:
+        out: JSONObject = {"attainment": self.attainment, "tolerance": self.tolerance,
                "levels": self.levels, "max_probes": self.max_probes}
         if self.max_level_requests is not None:
             out["max_level_requests"] = self.max_level_requests
         return out
 
 
-def search_settings(item: dict, options: dict) -> dict | None:
+def search_settings(item: JSONObject, options: JSONObject) -> JSONObject | None:
     """A scenario workload's search settings (``SearchSettings.to_dict``), or None for a
     workload with its own levels; ValueError naming the bad value."""
     if options.get("arrival") != "auto":
@@ -109,7 +111,7 @@ def search_settings(item: dict, options: dict) -> dict | None:
     return SearchSettings.parse(item.get("search")).to_dict()
 
 
-def requests_to_decide(slo: dict | None, attainment: float, gaps_per_request: int = 1
+def requests_to_decide(slo: JSONObject | None, attainment: float, gaps_per_request: int = 1
                        ) -> int:
     """Requests a level needs before a pass can be decided, every value within the limit:
     the most over the SLA keys (a TBT key counts ``gaps_per_request`` values a request)."""
@@ -142,7 +144,7 @@ class Probe:
     num_requests: int = 0
 
     @classmethod
-    def of(cls, record, target: float) -> Probe:
+    def of(cls, record: Any, target: float) -> Probe:
         """From a ``CellRecord`` or its stored dict; ``target``: the quantile of SLA keys
         without a percentile."""
         if not isinstance(record, dict):
@@ -200,9 +202,17 @@ def level_probes(probes: list[Probe]) -> list[Probe]:
             and p.rate is not None]
 
 
+def rate_of(level: Probe) -> float:
+    """A level probe's rate (``level_probes`` keeps only probes that have one)."""
+    if level.rate is None:
+        raise ValueError(f"probe {level.label!r} ({level.role}) is not an open-loop level")
+    return level.rate
+
+
 def _at(probes: list[Probe], rate: float) -> list[Probe]:
     """The level probes run at ``rate`` (a level and its extensions)."""
-    return [p for p in level_probes(probes) if math.isclose(p.rate, rate, rel_tol=1e-6)]
+    return [p for p in level_probes(probes)
+            if math.isclose(rate_of(p), rate, rel_tol=1e-6)]
 
 
 def own_rate(serial: Probe) -> float | None:
@@ -214,9 +224,9 @@ def rate_verdicts(probes: list[Probe]) -> dict[float, str]:
     """Each measured rate's verdict, pooled over every level (``evidence.pooled``); a
     rate with an over-saturated probe fails, one whose cells all failed is left out."""
     levels = [p for p in level_probes(probes) if p.ok]
-    data = [(p.rate, list(p.evidence)) for p in levels]
+    data = [(rate_of(p), list(p.evidence)) for p in levels]
     out = {}
-    for rate in sorted({p.rate for p in levels}):
+    for rate in sorted({rate_of(p) for p in levels}):
         here = [p for p in _at(probes, rate) if p.ok]
         out[rate] = "fail" if any(p.over_saturated for p in here) else pooled(data, rate)
     return out
@@ -289,11 +299,11 @@ def next_probe(probes: list[Probe], settings: SearchSettings, num_requests: int,
         first = min(max(first, x1 / 8), xmax)
         return NextProbe("level", _rate_label(first), num_requests)
     verdicts = rate_verdicts(probes)
-    last = levels[-1]
+    last = rate_of(levels[-1])
     cap = settings.max_level_requests or 4 * num_requests
-    if verdicts.get(last.rate) == "undecided" and _worth_extending(probes, last.rate, cap):
-        _, runs = _requests_at(probes, last.rate)
-        return NextProbe("extend", _rate_label(last.rate), num_requests, seed_offset=runs)
+    if verdicts.get(last) == "undecided" and _worth_extending(probes, last, cap):
+        _, runs = _requests_at(probes, last)
+        return NextProbe("extend", _rate_label(last), num_requests, seed_offset=runs)
     lo, hi = _bracket(verdicts)
 
     def tried(rate: float) -> bool:                 # within a few percent of a level run
@@ -332,7 +342,7 @@ class SearchResult:
     tolerance: float
     attainment: float
     probes: tuple[Probe, ...] = field(default=())
-    knee: dict | None = None
+    knee: JSONObject | None = None
     predicted: float | None = None    # the simulator's capacity, before any level ran
     num_requests: int = 0             # every probe's requests, serial and saturated too
     needed: int | None = None         # requests a level needs to decide a pass
@@ -346,7 +356,7 @@ class SearchResult:
         pred = f"; predicted {self.predicted:.3g}" if self.predicted else ""
         if self.status == "unmeasured":
             return "not measured"
-        if self.status == "below":
+        if self.status == "below" and self.bracket:
             return f"below {self.bracket[1]:.3g} req/s (decided fail there; {n}{pred})"
         if self.status == "top":
             peak = f" and at most the saturated rate {self.bracket[1]:.3g}" \
@@ -356,7 +366,7 @@ class SearchResult:
         if self.status == "undecided":
             need = f"; a pass needs >= {self.needed} requests a level" if self.needed else ""
             return f"undecided at this power ({n}{need}{pred})"
-        lo, hi = self.bracket
+        lo, hi = self.bracket or (math.nan, math.nan)
         return f"{self.capacity:.3g} req/s [{lo:.3g}, {hi:.3g}) ({n}{pred})"
 
 
@@ -365,29 +375,32 @@ def result(probes: list[Probe], settings: SearchSettings, predicted: float | Non
     """The search's answer from its probes (module docstring)."""
     target = settings.attainment
     levels = [p for p in level_probes(probes) if p.ok]
-    common = dict(tolerance=settings.tolerance, attainment=target, probes=tuple(probes),
-                  knee=knee_of(probes), predicted=predicted,
-                  num_requests=sum(p.num_requests for p in probes), needed=needed)
+    def answer(status: str, capacity: float | None,
+               bracket: tuple[float, float] | None) -> SearchResult:
+        return SearchResult(status, capacity, bracket, tolerance=settings.tolerance,
+                            attainment=target, probes=tuple(probes), knee=knee_of(probes),
+                            predicted=predicted,
+                            num_requests=sum(p.num_requests for p in probes), needed=needed)
     if not levels:
-        return SearchResult("unmeasured", None, None, **common)
+        return answer("unmeasured", None, None)
     verdicts = rate_verdicts(probes)
     lo, hi = _bracket(verdicts)
     if lo is not None and hi is not None:
-        fit = fit_boundary([(p.rate, list(p.evidence)) for p in levels])
+        fit = fit_boundary([(rate_of(p), list(p.evidence)) for p in levels])
         estimate = min(max(fit, lo), hi) if fit else math.sqrt(lo * hi)
-        return SearchResult("decided", _round(estimate), (lo, hi), **common)
+        return answer("decided", _round(estimate), (lo, hi))
     if lo is not None:                  # throughput-bound: between the highest decided
         #                                 pass and the saturated run's peak rate
         peak = next((p.requests_per_s for p in probes if p.role == "saturated" and p.ok
                      and p.requests_per_s), None)
-        return SearchResult("top", lo, (lo, max(lo, peak)) if peak else None, **common)
+        return answer("top", lo, (lo, max(lo, peak)) if peak else None)
     if hi is not None and all(v != "pass" for v in verdicts.values()) \
             and hi <= min(verdicts):
-        return SearchResult("below", None, (0.0, hi), **common)
-    return SearchResult("undecided", None, None, **common)
+        return answer("below", None, (0.0, hi))
+    return answer("undecided", None, None)
 
 
-def knee_of(probes: list[Probe], share: float = 0.9) -> dict | None:
+def knee_of(probes: list[Probe], share: float = 0.9) -> JSONObject | None:
     """The knee of throughput against concurrency: the lowest measured concurrency whose
     throughput reaches ``share`` of the highest (``{"concurrency", "throughput_tok_s",
     "peak_tok_s"}``), or None without two measured points."""

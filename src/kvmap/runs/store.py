@@ -38,12 +38,13 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvmap.runs.inputs import changed_files, input_files
-from kvmap.runs.record import CellRecord
+from kvmap.runs.record import CellRecord, JSONObject
 from kvmap.kv.redact import redact_obj, redact_spec
 
 RUN_SCHEMA = "kvmap.bench.run/1"
@@ -99,7 +100,7 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def environment() -> dict:
+def environment() -> JSONObject:
     """Git sha, package versions and the machine (with its hardware profile: class, ISA,
     native bf16, measured rates), for the run's metadata."""
     import kvmap
@@ -174,9 +175,10 @@ class RunStore:
 
     # ---- creating and resuming ---------------------------------------------------------
     @classmethod
-    def open_for(cls, run_dir: str | Path, scenario, scenario_text: str,
+    def open_for(cls, run_dir: str | Path, scenario: Any, scenario_text: str,
                  command: list[str] | None = None) -> tuple[RunStore, bool]:
-        """Create ``run_dir`` for ``scenario``, or reopen it to resume the same scenario.
+        """Create ``run_dir`` for ``scenario`` (a ``bench.cellspec.Scenario``: typed
+        ``Any``, runs stands below the bench), or reopen it to resume the same scenario.
 
         Returns ``(store, resumed)``. Raises ``ValueError`` when the directory holds a
         different scenario or something that is not a kvmap run.
@@ -224,7 +226,7 @@ class RunStore:
                      "error TEXT, record TEXT)")
         return conn
 
-    def _write_metadata(self, meta: dict) -> None:
+    def _write_metadata(self, meta: JSONObject) -> None:
         meta = redact_obj(json.loads(json.dumps(meta, default=str)))
         tmp = self.run_json.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2, default=str))
@@ -234,11 +236,11 @@ class RunStore:
                              [(k, json.dumps(v, default=str)) for k, v in meta.items()])
         conn.close()
 
-    def update_metadata(self, **fields) -> None:
+    def update_metadata(self, **fields: Any) -> None:
         self._write_metadata({**self.metadata(), **fields})
 
     # ---- cells ---------------------------------------------------------------------
-    def write_cell(self, cell: CellRecord, rows: list[dict], ordinal: int) -> None:
+    def write_cell(self, cell: CellRecord, rows: list[JSONObject], ordinal: int) -> None:
         """Store one finished cell: its rows (Parquet part) first, then its record.
         Strings are redacted (``kvmap.kv.redact``) on the way in, except the model's
         own text (``output_text``, ``expected``)."""
@@ -280,11 +282,12 @@ class RunStore:
     def completed_ids(self) -> set[str]:
         return {c.cell_id for c in self.cells() if c.ok}
 
-    def metadata(self) -> dict:
-        return json.loads(self.run_json.read_text())
+    def metadata(self) -> JSONObject:
+        meta: JSONObject = json.loads(self.run_json.read_text())
+        return meta
 
     # ---- per-request rows --------------------------------------------------------------
-    def finalize(self, **fields) -> None:
+    def finalize(self, **fields: Any) -> None:
         """Rebuild ``requests.parquet`` from the stored cells' parts; update run.json."""
         ids = [c.cell_id for c in self.cells()]
         tables = [pq.read_table(self.part_path(i), schema=REQUEST_SCHEMA)
@@ -299,7 +302,7 @@ class RunStore:
                              num_cells_failed=sum(not c.ok for c in cells),
                              **fields)
 
-    def rows(self, cell_id: str) -> list[dict]:
+    def rows(self, cell_id: str) -> list[JSONObject]:
         """One stored cell's per-request rows ([] when it stored none)."""
         part = self.part_path(cell_id)
         return pq.read_table(part).to_pylist() if part.exists() else []
@@ -339,7 +342,7 @@ class RunLock:
         self._fd = fd
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)
@@ -354,7 +357,7 @@ class RunLock:
 
 
 
-def requests_table(rows: list[dict]) -> pa.Table:
+def requests_table(rows: list[JSONObject]) -> pa.Table:
     """Rows as a table of ``REQUEST_SCHEMA`` (missing fields are null, extras dropped)."""
     names = REQUEST_SCHEMA.names
     return pa.Table.from_pylist([{k: row.get(k) for k in names} for row in rows],
