@@ -206,6 +206,9 @@ def test_optional_entries_go_costliest_first_when_the_minimum_does_not_fit(tmp_p
     assert all(why.startswith("optional, and the minimum does not fit --budget")
                for why in reasons.values())
     assert plan.estimate_s <= budget and plan.minimum_estimate_s <= budget
+    # the plan says the entry once, naming every cell or search it left out
+    said = [line for line in plan.lines() if line.startswith("  left out")]
+    assert len(said) == 1 and all(cid in said[0] for cid in reasons), said
     # a search goes whole, by its template's id (the runner skips that search)
     if costly == "search":
         assert set(reasons) == {t.cell_id for t in plan.scenario.searches()}
