@@ -14,8 +14,8 @@ import pytest
 from kvmap.bench.cell_backend import CellBackend, CellResult
 from kvmap.metrics.evidence import (KeyEvidence, decide, fit_boundary, needed_for_pass,
                                  pooled, quantile_interval)
-from kvmap.runs.search import (Probe, SearchSettings, grid, next_probe, result,
-                               slo_attainment)
+from kvmap.runs.search import Probe, grid, next_probe, result, slo_attainment
+from kvmap.runs.search_settings import SearchSettings
 from kvmap.runs.record import CellRecord
 from kvmap.bench.runner import run_scenario
 from kvmap.bench.scenario import ScenarioError, load_scenario

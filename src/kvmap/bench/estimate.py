@@ -192,7 +192,7 @@ class Estimator:
         budget while it runs (``search_backend``: it stops, undecided, before a probe
         that would overrun). ``probes``: its first probe runs the configuration's
         checklist probes (no other cell does)."""
-        from kvmap.runs.search import SearchSettings
+        from kvmap.runs.search_settings import SearchSettings
         settings = SearchSettings(**template.workload.search)
         serial, saturated = search_range_cells(scenario, template)
         out = [self.cell(serial, probes=probes), self.cell(saturated, probes=False)]

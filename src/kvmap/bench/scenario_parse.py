@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kvmap.bench.block_sweep import BLOCK_SIZE_KEY, parse_block_sizes
-from kvmap.runs.search import search_settings
+from kvmap.runs.search_settings import search_settings
 from kvmap.bench.cellspec import (DEFAULT_CELL_TIMEOUT_S, ModelEntry, Scenario, TaskEntry,
                                   WorkloadEntry)
 from kvmap.bench.endpoint_parse import (parse_endpoint_filter, parse_endpoints,

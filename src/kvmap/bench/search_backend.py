@@ -19,8 +19,8 @@ from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
                                      WrappingBackend)
 from kvmap.bench.capacity_prediction import predict_capacity
 from kvmap.bench.search_budget import SearchBudget
-from kvmap.runs.search import (Probe, SearchSettings, next_probe, own_rate,
-                               rate_verdicts, requests_to_decide, result)
+from kvmap.runs.search import Probe, next_probe, own_rate, rate_verdicts, result
+from kvmap.runs.search_settings import SearchSettings, requests_to_decide
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore

@@ -11,7 +11,8 @@ reaches 90% of the peak.
 """
 from __future__ import annotations
 
-from kvmap.runs.search import Probe, SearchResult, SearchSettings, result
+from kvmap.runs.search import Probe, SearchResult, result
+from kvmap.runs.search_settings import SearchSettings
 from kvmap.report.loadcurve import Capacity, load_of
 from kvmap.runs.record import CellRecord
 
