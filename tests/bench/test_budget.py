@@ -307,3 +307,16 @@ def test_the_default_scenario_fits_its_budget_on_every_shipped_class(cal, monkey
             job = c.workload if c.workload is not None else c.task
             reason = dict(plan.left_out)[c.cell_id]
             assert job.optional or "over its cell_timeout_s" in reason, (c.cell_id, reason)
+
+
+def test_the_report_says_a_left_out_entry_once_as_the_plan_does():
+    from kvmap.report.power import budget_lines
+    left = [("a_int8", "optional (its entry 3s)"), ("a_fp32", "optional (its entry 3s)"),
+            ("w8a8_ppl", "its cell estimated 700 s, over its cell_timeout_s 600 s")]
+    plan = {"budget_s": 60, "estimate_s": 50, "written_estimate_s": 90, "cuts": [],
+            "left_out": [{"cell_id": c, "reason": r} for c, r in left]}
+    said = [line for line in budget_lines({"preflight": {"budget": plan}})
+            if line.startswith("  left out")]
+    assert said == ["  left out 2 cells or searches (a_int8, a_fp32): optional (its entry 3s)",
+                    "  left out w8a8_ppl: its cell estimated 700 s, over its cell_timeout_s "
+                    "600 s"]

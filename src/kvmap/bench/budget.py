@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from kvmap.bench.cellspec import Scenario
 from kvmap.bench.duration import fmt_duration
+from kvmap.runs.left_out import left_out_lines
 
 MIN_REQUESTS = 8
 MIN_SEARCH_REQUESTS = 12      # an attainment per probe needs requests
@@ -101,22 +102,11 @@ class BudgetPlan:
                 f"(as written {fmt_duration(self.written_estimate_s)}{least})")
         out = [head] + [f"  cut {k.name} {k.key} {k.written} -> {v} (minimum {k.minimum}: "
                         f"{k.why_minimum})" for k, v in self.cuts]
-        out += self._left_out_lines()
+        out += left_out_lines(self.left_out)
         if self.overrun > OVERRUN_WARNING:
             out.append(f"  warning: the run would overrun its budget by "
                        f"{(self.overrun - 1):.0%} on its own estimate")
         return out
-
-    def _left_out_lines(self) -> list[str]:
-        """One line per reason: an optional entry's cells share theirs (its minimum), so
-        an entry is one line however many cells it has; a cell over its timeout has its
-        own estimate in its reason, and its own line."""
-        by_reason: dict[str, list[str]] = {}
-        for cid, why in self.left_out:
-            by_reason.setdefault(why, []).append(cid)
-        return [f"  left out {ids[0]}: {why}" if len(ids) == 1 else
-                f"  left out {len(ids)} cells or searches ({', '.join(ids)}): {why}"
-                for why, ids in by_reason.items()]
 
     def to_dict(self) -> dict:
         return {"budget_s": self.budget_s, "estimate_s": round(self.estimate_s, 1),

@@ -26,9 +26,8 @@ matched; the one parser of secret URLs therefore never quotes the URL (issue 38)
 """
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 from urllib.parse import quote
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")

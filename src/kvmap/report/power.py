@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmap.report.configs import ConfigSummary
+from kvmap.runs.left_out import left_out_lines
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def budget_lines(metadata: dict) -> list[str]:
     for cut in plan.get("cuts") or []:
         out.append(f"  cut {cut['name'].split('#')[0]} {cut['key']}: {cut['written']} -> "
                    f"{cut['value']} (minimum {cut['minimum']}: {cut['why_minimum']})")
-    for left in plan.get("left_out") or []:
-        out.append(f"  left out {left['cell_id']}: {left['reason']}")
+    out += left_out_lines((left["cell_id"], left["reason"])
+                          for left in plan.get("left_out") or [])
     if len(out) == 1:
         out.append("  nothing cut: the run as written fits")
     return out + replan_lines(metadata)

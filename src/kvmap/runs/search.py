@@ -279,7 +279,8 @@ class SearchResult:
         pred = f"; predicted {self.predicted:.3g}" if self.predicted else ""
         if self.status == "unmeasured":
             return "not measured"
-        if self.status == "below" and self.bracket:
+        if self.status == "below":
+            assert self.bracket is not None         # result() gives "below" its bracket
             return f"below {self.bracket[1]:.3g} req/s (decided fail there; {n}{pred})"
         if self.status == "top":
             peak = f" and at most the saturated rate {self.bracket[1]:.3g}" \
@@ -289,7 +290,8 @@ class SearchResult:
         if self.status == "undecided":
             need = f"; a pass needs >= {self.needed} requests a level" if self.needed else ""
             return f"undecided at this power ({n}{need}{pred})"
-        lo, hi = self.bracket or (math.nan, math.nan)
+        assert self.bracket is not None             # result() gives "decided" its bracket
+        lo, hi = self.bracket
         return f"{self.capacity:.3g} req/s [{lo:.3g}, {hi:.3g}) ({n}{pred})"
 
 

@@ -57,7 +57,7 @@ class SearchSettings:
 
     def to_dict(self) -> JSONObject:
         out: JSONObject = {"attainment": self.attainment, "tolerance": self.tolerance,
-               "levels": self.levels, "max_probes": self.max_probes}
+                           "levels": self.levels, "max_probes": self.max_probes}
         if self.max_level_requests is not None:
             out["max_level_requests"] = self.max_level_requests
         return out
