@@ -150,7 +150,7 @@ def test_search_finds_the_known_capacity_through_runner_and_report(tmp_path, err
     saturated = next(c for c in load_run(tmp_path / "run").cells
                      if (c.load.get("search") or {}).get("role") == "saturated")
     assert config.workloads["s1"] is not None
-    assert config.workloads["s1"]["output_tokens_per_s"] == \
+    assert config.workloads["s1"].output_tokens_per_s == \
         saturated.metrics["output_tokens_per_s"]
     # resumed: every probe is stored, none runs again
     again = ModelBackend()

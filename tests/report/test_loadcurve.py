@@ -58,7 +58,7 @@ def test_summaries_of_a_stored_sweep(sweep_run):
     assert int8.tbt_p99_s == pytest.approx(0.085)           # the top level's figures
     # the SLA is read at the highest level within it (16 for int8), not at the top
     assert int8.slo_measured["ttft_p99_s"] == pytest.approx(0.6)
-    assert int8.metric("concurrency_max") == 64.0
+    assert int8.primary.concurrency_max == 64.0
 
 
 def test_a_failed_level_in_a_stored_run(tmp_path):

@@ -14,32 +14,35 @@ from kvmap.report.interactive import family, load_figure, tradeoff_figure
 from kvmap.report.loader import load_run
 from kvmap.report.noise import (complexity, idle_parts, t975, throughput_ci,
                                 windows_from_rows, without)
+from kvmap.runs.workload_metrics import WorkloadMetrics
+
+W = WorkloadMetrics.read
 
 
 def test_throughput_interval_from_windows_and_from_rows():
     windows = [90.0, 110.0] * 5
-    lo, hi = throughput_ci({"output_tokens_per_s": 100.0,
-                            "output_throughput_windows_tok_s": windows}, [])
+    lo, hi = throughput_ci(W({"output_tokens_per_s": 100.0,
+                              "output_throughput_windows_tok_s": windows}), [])
     half = t975(9) * np.std(windows, ddof=1) / math.sqrt(10)
     assert (lo, hi) == pytest.approx((100 - half, 100 + half))
     assert t975(9) == pytest.approx(2.262, abs=0.005)
-    assert throughput_ci({"output_tokens_per_s": 100.0}, []) is None      # not measured
+    assert throughput_ci(W({"output_tokens_per_s": 100.0}), []) is None      # not measured
     # recomputed from token times: 10 tokens a second, evenly spread over 10 s
     rows = [{"arrival_s": 0.0, "token_times_s": [0.05 + 0.1 * k for k in range(100)]}]
     assert windows_from_rows(rows) == pytest.approx([10.0 * 10 / 9.95] * 10, rel=0.02)
 
 
 def test_parts_that_never_acted():
-    assert idle_parts("tiers(host=64MiB)", {"tiers": {"host": {"bytes_read": 0,
-                                                               "num_hits": 0}}}) == ["tiers"]
-    assert idle_parts("tiers(host=64MiB)", {"tiers": {"host": {"bytes_read": 4096,
-                                                               "num_hits": 1}}}) == []
-    assert idle_parts("snapkv(budget=0.25)+int8", {"num_evicted_tokens": 0}) == ["policy"]
-    assert idle_parts("snapkv(budget=0.25)", {}) == []            # not recorded: unknown
-    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 0}) == ["policy"]
-    assert idle_parts("snapkv(budget=0.25)", {"num_compressions": 3,
-                                               "num_evicted_tokens": 0}) == ["policy"]
-    assert idle_parts("int8", {"num_evicted_tokens": 0}) == []    # a codec always acts
+    assert idle_parts("tiers(host=64MiB)", W({"tiers": {"host": {"bytes_read": 0,
+                                                                 "num_hits": 0}}})) == ["tiers"]
+    assert idle_parts("tiers(host=64MiB)", W({"tiers": {"host": {"bytes_read": 4096,
+                                                                 "num_hits": 1}}})) == []
+    assert idle_parts("snapkv(budget=0.25)+int8", W({"num_evicted_tokens": 0})) == ["policy"]
+    assert idle_parts("snapkv(budget=0.25)", W({})) == []            # not recorded: unknown
+    assert idle_parts("snapkv(budget=0.25)", W({"num_compressions": 0})) == ["policy"]
+    assert idle_parts("snapkv(budget=0.25)", W({"num_compressions": 3,
+                                                 "num_evicted_tokens": 0})) == ["policy"]
+    assert idle_parts("int8", W({"num_evicted_tokens": 0})) == []    # a codec always acts
     assert without("snapkv(budget=0.25)+int8", ["policy"], "bf16") == "int8"
     assert without("tiers(host=64MiB)", ["tiers"], "bf16") == "bf16"
     assert [complexity(kv, "bf16") for kv in ("bf16", "int8", "snapkv(budget=0.25)+int8",

@@ -37,7 +37,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvmap.runs.record import as_dicts
+from kvmap.runs.cell_payloads import PredictedMetrics
+from kvmap.runs.record import CellRecord
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 TOLERANCE = 0.20
 CONCURRENCY_TOLERANCE = 0.10
@@ -64,7 +66,7 @@ class CellCalibration:
 
     @property
     def throughput_error(self) -> float | None:
-        return self.errors.get("output_tokens_per_s")
+        return self.errors["output_tokens_per_s"]
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,21 @@ class Calibration:
         return [c for c in self.cells if c.miss is not None]
 
 
-def measured_of(metrics: dict) -> dict[str, float | None]:
+def measured_of(metrics: WorkloadMetrics) -> dict[str, float | None]:
     """The compared figures of a cell's measured ``metrics``."""
-    def stat(key: str, name: str):
-        value = metrics.get(key)
-        return value.get(name) if isinstance(value, dict) else None
-    return {"output_tokens_per_s": metrics.get("output_tokens_per_s"),
-            "ttft_p50_s": stat("ttft_s", "p50"), "tbt_p50_s": stat("tbt_s", "p50"),
-            "concurrency_max": metrics.get("concurrency_max"),
-            "num_preemptions": metrics.get("num_preemptions_engine")}
+    return {"output_tokens_per_s": metrics.output_tokens_per_s,
+            "ttft_p50_s": metrics.summary("ttft_s").p50,
+            "tbt_p50_s": metrics.summary("tbt_s").p50,
+            "concurrency_max": metrics.concurrency_max,
+            "num_preemptions": metrics.num_preemptions_engine}
+
+
+def predicted_of(metrics: PredictedMetrics) -> dict[str, float | None]:
+    """The same figures as the simulator predicted them."""
+    return {"output_tokens_per_s": metrics.output_tokens_per_s,
+            "ttft_p50_s": metrics.ttft_p50_s, "tbt_p50_s": metrics.tbt_p50_s,
+            "concurrency_max": metrics.concurrency_max,
+            "num_preemptions": metrics.num_preemptions}
 
 
 def error(predicted: float | None, measured: float | None) -> float | None:
@@ -122,18 +130,21 @@ def mape(pairs: list[tuple[float, float]]) -> float | None:
     return sum(abs(p - m) / m for p, m in usable) / len(usable) if usable else None
 
 
-def diagnose(errors: dict, measured: dict, predicted: dict, bound: str | None,
+Figures = dict[str, float | None]
+
+
+def diagnose(errors: Figures, measured: Figures, predicted: Figures, bound: str | None,
              tolerance: float = TOLERANCE) -> str | None:
     """The part of the step the model got wrong (the module docstring), or None when the
     throughput is within ``tolerance``."""
-    e = errors.get("output_tokens_per_s")
+    e = errors["output_tokens_per_s"]
     if e is None or abs(e) <= tolerance:
         return None
-    ec = errors.get("concurrency_max")
+    ec = errors["concurrency_max"]
     if ec is not None and abs(ec) > CONCURRENCY_TOLERANCE:
         return (f"the memory model: {predicted['concurrency_max']} sequences at once "
                 f"predicted, {measured['concurrency_max']} measured")
-    pm, pp = measured.get("num_preemptions"), predicted.get("num_preemptions")
+    pm, pp = measured["num_preemptions"], predicted["num_preemptions"]
     if pm is not None and pp is not None and max(pm, pp) >= MIN_PREEMPTIONS \
             and max(pm, pp) >= 2 * min(pm, pp):
         return (f"the memory model: {pp} preemptions predicted, {pm} measured (sequences "
@@ -141,8 +152,8 @@ def diagnose(errors: dict, measured: dict, predicted: dict, bound: str | None,
     if pm is not None and pm >= MIN_PREEMPTIONS and e > 0:
         return (f"the cost of a preemption: {pm} measured, {pp} predicted, and the model "
                 f"charges only their recomputed prefill")
-    steps = {k: errors.get(k) for k in ("tbt_p50_s", "ttft_p50_s")
-             if errors.get(k) is not None and abs(errors[k]) > tolerance}
+    steps = {k: v for k in ("tbt_p50_s", "ttft_p50_s")
+             if (v := errors[k]) is not None and abs(v) > tolerance}
     if not steps:
         return "the mix of prefill and decode (neither step time alone is off by more " \
                f"than {tolerance:.0%})"
@@ -150,60 +161,62 @@ def diagnose(errors: dict, measured: dict, predicted: dict, bound: str | None,
     where = f"; the simulated step is bound by {bound}" if bound else ""
     part = "the decode step (TBT P50)" if key == "tbt_p50_s" else \
         "the prefill and queueing (TTFT P50)"
-    return (f"{part}: {predicted[key] * 1e3:.1f} ms predicted, {measured[key] * 1e3:.1f} ms "
+    return (f"{part}: {_ms(predicted[key])} predicted, {_ms(measured[key])} "
             f"measured ({steps[key]:+.0%}){where}")
 
 
-def calibrate_cell(record: dict, tolerance: float = TOLERANCE) -> CellCalibration | None:
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def calibrate_cell(record: CellRecord, tolerance: float = TOLERANCE) -> CellCalibration | None:
     """The cell's calibration, or None when its record holds no usable prediction."""
-    if not isinstance(record, dict):
-        record = record.to_dict()
-    prediction = record.get("prediction") or {}
-    predicted = prediction.get("metrics")
-    if record.get("status") != "ok" or not isinstance(predicted, dict):
+    prediction = record.cell_prediction
+    if not record.ok or prediction is None or prediction.metrics is None:
         return None
-    measured = measured_of(record.get("metrics") or {})
-    errors = {k: error(predicted.get(k), measured.get(k)) for k, _ in COMPARED}
-    share = prediction.get("bound_share") or {}
-    bound = max(share, key=share.get) if share else None
-    env = record.get("env") or {}
+    measured = measured_of(record.workload_metrics)
+    predicted = predicted_of(prediction.metrics)
+    errors = {k: error(predicted[k], measured[k]) for k, _ in COMPARED}
+    share = prediction.bound_share or {}
+    bound = max(share, key=lambda k: share[k]) if share else None
     return CellCalibration(
-        cell_id=record["cell_id"], workload=record.get("workload") or "", kv=record["kv"],
-        measured=measured, predicted={k: predicted.get(k) for k in measured},
-        errors=errors, bound=bound, miss=diagnose(errors, measured, predicted, bound, tolerance),
-        load=env.get("load_avg_1m_end"), hardware=prediction.get("hardware"))
+        cell_id=record.cell_id, workload=record.workload or "", kv=record.kv,
+        measured=measured, predicted=predicted, errors=errors, bound=bound,
+        miss=diagnose(errors, measured, predicted, bound, tolerance),
+        load=record.cell_env.load_avg_1m_end, hardware=prediction.hardware)
 
 
-def calibration(cells: list, tolerance: float = TOLERANCE) -> Calibration:
+def calibration(cells: list[CellRecord], tolerance: float = TOLERANCE) -> Calibration:
     """Every workload cell of a run with a prediction, and MAPE and r over them."""
     out, skipped = [], {}
-    records = as_dicts(cells)
-    for record in records:
-        if record.get("kind") != "workload" or record.get("status") != "ok":
+    for record in cells:
+        if record.kind != "workload" or not record.ok:
             continue
         cal = calibrate_cell(record, tolerance)
         if cal is None:
-            prediction = record.get("prediction") or {}
-            skipped[record["cell_id"]] = (prediction.get("skipped") or prediction.get("error")
-                                          or "no prediction in the record")
+            prediction = record.cell_prediction
+            skipped[record.cell_id] = ((prediction.why_not if prediction else None)
+                                       or "no prediction in the record")
             continue
         out.append(cal)
-    pairs = [(c.predicted["output_tokens_per_s"], c.measured["output_tokens_per_s"])
-             for c in out if c.throughput_error is not None]
-    timed = estimate_pairs(records)
-    source = next((r["prediction"]["calibration"] for r in records
-                   if (r.get("prediction") or {}).get("calibration")), None)
+    pairs = [(p, m) for c in out
+             if (p := c.predicted["output_tokens_per_s"]) is not None
+             and (m := c.measured["output_tokens_per_s"]) is not None
+             and c.throughput_error is not None]
+    timed = estimate_pairs(cells)
+    source = next((p.calibration for r in cells
+                   if (p := r.cell_prediction) is not None and p.calibration), None)
     return Calibration(cells=out, mape=mape(pairs),
                        pearson_r=pearson_r([p for p, _ in pairs], [m for _, m in pairs]),
                        tolerance=tolerance, skipped=skipped, estimate_mape=mape(timed),
                        num_estimated=len(timed), record=source)
 
 
-def estimate_pairs(records: list[dict]) -> list[tuple[float, float]]:
+def estimate_pairs(records: list[CellRecord]) -> list[tuple[float, float]]:
     """(estimated, actual) seconds of every cell the budget estimate timed."""
     out = []
     for r in records:
-        est = r.get("estimate") or {}
-        if r.get("status") == "ok" and est.get("estimate_s") and est.get("actual_s"):
-            out.append((float(est["estimate_s"]), float(est["actual_s"])))
+        est = r.cell_estimate
+        if r.ok and est.estimate_s and est.actual_s:
+            out.append((float(est.estimate_s), float(est.actual_s)))
     return out

@@ -95,15 +95,15 @@ def accuracy_items(c: ConfigSummary, max_drop_pct: float) -> list[CheckItem]:
 
 def stability_item(c: ConfigSummary) -> CheckItem:
     item = "output stability (temperature 0, alone vs in a mixed batch)"
-    s = c.probes.get("stability") if c.probes else None
+    s = c.probes.stability if c.probes else None
     threshold = "identical tokens"
     if not s:
         return CheckItem(item, "WARN", "not measured", threshold)
-    n, same = s.get("num_tokens"), s.get("num_identical_prefix")
-    if s.get("identical"):
-        return CheckItem(item, "PASS", f"identical ({n} tokens, {s.get('batch_size')} in "
-                         "the batch)", threshold)
-    return CheckItem(item, "FAIL", f"differs from token {same} of {n}", threshold)
+    if s.identical:
+        return CheckItem(item, "PASS", f"identical ({s.num_tokens} tokens, {s.batch_size} "
+                         "in the batch)", threshold)
+    return CheckItem(item, "FAIL", f"differs from token {s.num_identical_prefix} of "
+                     f"{s.num_tokens}", threshold)
 
 
 def slo_item(c: ConfigSummary, slo: dict) -> CheckItem:
@@ -154,18 +154,17 @@ def goodput_item(c: ConfigSummary, slo: dict) -> CheckItem:
 
 def storage_item(c: ConfigSummary) -> CheckItem | None:
     """None when no tier was used (the item does not apply)."""
-    reads = [(tier, stats.get("read_p99_s")) for tiers in c.tiers.values()
-             for tier, stats in tiers.items() if isinstance(stats, dict)
-             and (stats.get("num_hits") or 0) > 0]
-    reads = [(t, v) for t, v in reads if isinstance(v, (int, float)) and v == v]
+    reads = [(tier, stats.read_p99_s) for tiers in c.tiers.values()
+             for tier, stats in tiers.items() if stats.num_hits]
+    found = [(t, v) for t, v in reads if v is not None and v == v]
     if not c.tiers:
         return None
     item = "storage P99 read latency below the per-token decode time"
     decode = c.tbt_p50_s
     threshold = "read P99 < TBT P50" + (f" ({fmt('tbt', decode)})" if decode else "")
-    if not reads or decode is None:
+    if not found or decode is None:
         return CheckItem(item, "WARN", "not measured (no tier read)", threshold)
-    tier, worst = max(reads, key=lambda tv: tv[1])
+    tier, worst = max(found, key=lambda tv: tv[1])
     ratio = worst / decode
     status = "PASS" if ratio < STORAGE_PASS else "WARN" if ratio < 1.0 else "FAIL"
     return CheckItem(item, status, f"{worst * 1e3:.2f} ms ({tier}; {ratio:.2f}x TBT P50)",
@@ -177,23 +176,24 @@ def tier_errors_item(c: ConfigSummary) -> CheckItem | None:
     ``errors``); None when no tier was used."""
     if not c.tiers:
         return None
-    stats = [s for tiers in c.tiers.values() for s in tiers.values() if isinstance(s, dict)]
-    counted = [m.get("tier_errors") for m in c.workloads.values()
-               if isinstance(m, dict) and isinstance(m.get("tier_errors"), int)]
-    errors = (sum(counted) if counted
-              else sum(sum((s.get("errors") or {}).values()) for s in stats))
-    hits = sum(s.get("num_hits") or 0 for s in stats)
+    stats = [s for tiers in c.tiers.values() for s in tiers.values()]
+    counted = [m.tier_errors for m in c.workloads.values() if m.tier_errors is not None]
+    errors = sum(counted) if counted else sum(s.num_errors for s in stats)
+    hits = sum(s.num_hits or 0 for s in stats)
     status = "PASS" if errors == 0 else "WARN" if hits > 0 else "FAIL"
     return CheckItem("tier errors (failed reads, writes, frames)", status,
                      f"{errors} errors, {hits} tier hits", "0 errors")
 
 
+def _ops_per_step(c: ConfigSummary | None) -> float | None:
+    ops = c.probes.decode_ops if c is not None and c.probes else None
+    return ops.num_ops_per_step if ops else None
+
+
 def ops_item(c: ConfigSummary, baseline: ConfigSummary | None) -> CheckItem:
     item = "operator launches per decode step vs the baseline"
     threshold = f"<= {OPS_RATIO_PASS:g}x baseline"
-    mine = (c.probes.get("decode_ops") or {}).get("num_ops_per_step") if c.probes else None
-    base = ((baseline.probes.get("decode_ops") or {}).get("num_ops_per_step")
-            if baseline is not None and baseline.probes else None)
+    mine, base = _ops_per_step(c), _ops_per_step(baseline)
     if mine is None:
         return CheckItem(item, "WARN", "not measured", threshold)
     if not base:

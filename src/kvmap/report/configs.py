@@ -28,6 +28,7 @@ Definitions (``docs/report.md`` explains them for readers):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from kvmap.report.capacity import level_cells, search_capacity, search_role
 from kvmap.runs.record import CellRecord
@@ -40,6 +41,17 @@ from kvmap.report.slo import (BARE_KEY_PERCENTILE, gaps, is_good, measure_key,  
                               measure_slo, request_groups, split_key)
 from kvmap.report.endpoints import endpoint_baseline, endpoint_of, memory_note
 from kvmap.report.tasks import TaskResult, needle_result, task_result
+from kvmap.runs.cell_payloads import EndpointInfo
+from kvmap.runs.workload_metrics import Probes, TierCounters, WorkloadMetrics
+
+
+class Level(NamedTuple):
+    """One load level of a swept workload: its label, metrics (None: it failed), rows."""
+
+    label: str
+    metrics: WorkloadMetrics | None
+    rows: list[dict[str, Any]]
+
 
 @dataclass
 class ConfigSummary:
@@ -68,18 +80,18 @@ class ConfigSummary:
     accuracy_na: bool = False          # dummy weights (or the run has tasks, this model none)
     capacity: L.Capacity | None = None                           # primary workload, swept
     curves: dict[str, list[L.LoadPoint]] = field(default_factory=dict)   # swept workloads
-    levels: dict[str, list[tuple]] = field(default_factory=dict)  # swept: (label, metrics|None, rows)
+    levels: dict[str, list[Level]] = field(default_factory=dict)  # swept workloads
     idle: list[str] = field(default_factory=list)
     equal_to: str | None = None
     complexity: int = 0
     reference: str | None = None       # a reference-only part (``all_global``): not a choice
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     slo_measured: dict[str, float | None] = field(default_factory=dict)
-    workloads: dict[str, dict] = field(default_factory=dict)     # name -> cell metrics
-    rows: dict[str, list[dict]] = field(default_factory=dict)    # name -> request rows
-    probes: dict = field(default_factory=dict)                   # bench.probes results
-    tiers: dict[str, dict] = field(default_factory=dict)         # workload -> tier -> stats
-    endpoint: dict | None = None     # a server measured over HTTP (report/endpoints.py)
+    workloads: dict[str, WorkloadMetrics] = field(default_factory=dict)   # name -> metrics
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # name -> rows
+    probes: Probes | None = None                                 # bench.probes results
+    tiers: dict[str, dict[str, TierCounters]] = field(default_factory=dict)  # workload ->
+    endpoint: EndpointInfo | None = None   # a server measured over HTTP (endpoints.py)
     memory_note: str | None = None   # why an endpoint has no memory coordinate
 
     def measure(self, key: str) -> float | None:
@@ -88,9 +100,10 @@ class ConfigSummary:
             self.slo_measured[key] = measure_slo(self.rows, {key: 0.0})[key]
         return self.slo_measured[key]
 
-    def metric(self, key: str):
-        """A figure of the primary workload's cell (None when absent)."""
-        return (self.workloads.get(self.primary_workload) or {}).get(key)
+    @property
+    def primary(self) -> WorkloadMetrics:
+        """The primary workload's metrics (every figure None when it has none)."""
+        return self.workloads.get(self.primary_workload or "") or WorkloadMetrics()
 
     @property
     def worst_task(self) -> TaskResult | None:
@@ -134,12 +147,12 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
     # its open-loop levels are at rates of its own: report/capacity.py)
     for c in sorted([c for c in ok if search_role(c) != "serial"], key=_headline_order):
         if c.workload:
-            s.workloads[c.workload] = c.metrics
+            m = s.workloads[c.workload] = c.workload_metrics
             s.rows[c.workload] = rows_by_cell.get(c.cell_id, [])
-            if c.metrics.get("tiers"):
-                s.tiers[c.workload] = c.metrics["tiers"]
-            if c.metrics.get("probes") and not s.probes:
-                s.probes = c.metrics["probes"]
+            if m.tiers:
+                s.tiers[c.workload] = m.tiers
+            if m.probes and not s.probes:
+                s.probes = m.probes
     for_slo = {w: rows for w, rows in s.rows.items() if w not in swept}
     for w in swept:
         cells = [c for c in group if c.workload == w and L.load_of(c)]
@@ -147,8 +160,8 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
         cells = level_cells(cells)
         s.curves[w] = points = L.load_points(cells, rows_by_cell, slo, seed)
         by_id = {c.cell_id: c for c in cells}
-        s.levels[w] = [(p.label, by_id[p.cell_id].metrics if p.ok else None,
-                        rows_by_cell.get(p.cell_id, [])) for p in points]
+        s.levels[w] = [Level(p.label, by_id[p.cell_id].workload_metrics if p.ok else None,
+                             rows_by_cell.get(p.cell_id, [])) for p in points]
         cap = searched or L.sla_capacity(points, slo)
         if w == s.primary_workload:
             s.capacity = cap
@@ -159,9 +172,9 @@ def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, sl
             chosen = (within[-1] if within and cap.status in ("interpolated", "top")
                       else ran[0] if cap.status == "below" else ran[-1])
             for_slo[w] = rows_by_cell.get(chosen.cell_id, [])
-    primary_cells = [c for c in ok if c.workload == s.primary_workload]
-    if primary_cells and all(idle_parts(s.kv, c.metrics) for c in primary_cells):
-        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, c.metrics))
+    primary_cells = [c for c in ok if c.workload and c.workload == s.primary_workload]
+    if primary_cells and all(idle_parts(s.kv, c.workload_metrics) for c in primary_cells):
+        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, c.workload_metrics))
                                            for c in primary_cells)))
     return for_slo
 
@@ -171,18 +184,17 @@ def _primary_figures(s: ConfigSummary, slo: dict, seed: int) -> None:
     if not main:
         return
     rows = s.rows.get(s.primary_workload, [])
-    s.throughput_tok_s = main.get("output_throughput_tok_s", main.get("output_tokens_per_s"))
+    s.throughput_tok_s = main.output_tokens_per_s
     s.throughput_ci = throughput_ci(main, rows)
-    s.ttft_p99_s = (main.get("ttft_s") or {}).get("p99")
-    s.tbt_p50_s = (main.get("tbt_s") or {}).get("p50")
-    s.tbt_p99_s = (main.get("tbt_s") or {}).get("p99")
+    s.ttft_p99_s = main.summary("ttft_s").p99
+    s.tbt_p50_s, s.tbt_p99_s = main.summary("tbt_s").p50, main.summary("tbt_s").p99
     ci = bootstrap_ci(request_groups(rows, "tbt"), "p99", seed=seed) if rows else None
     s.tbt_p99_ci = (ci["ci_low"], ci["ci_high"]) if ci else None
-    peak, running = main.get("peak_kv_resident_bytes"), main.get("concurrency_max")
-    if isinstance(peak, (int, float)) and running:
+    peak, running = main.peak_kv_resident_bytes, main.concurrency_max
+    if peak is not None and running:
         s.kv_per_seq_bytes = peak / running
-    s.memory_binds = bool(main.get("num_pool_full_steps"))
-    duration = main.get("duration_s")
+    s.memory_binds = bool(main.num_pool_full_steps)
+    duration = main.duration_s
     if rows and duration:
         good = sum(r.get("num_output_tokens") or 0 for r in rows if is_good(r, slo))
         s.goodput_tok_s = good / duration
@@ -224,7 +236,7 @@ def summarize(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]]
         ok = [c for c in group if c.status == "ok"]
         dtype = group[0].dtype
         endpoint = endpoint_of(group)
-        label = endpoint["label"] if endpoint else \
+        label = (endpoint.label or endpoint.name or kv) if endpoint else \
             f"{quantization} weights + {kv}" if quantization else kv
         s = ConfigSummary(name=f"{model}: {label}" if several_models else label, kv=kv,
                           model=model, dtype=dtype,

@@ -22,27 +22,27 @@ its baseline's as kvmap's own are.
 """
 from __future__ import annotations
 
+from kvmap.runs.cell_payloads import EndpointInfo
 from kvmap.runs.record import CellRecord
 from kvmap.evals.generation import record_agreement
 from kvmap.evals.stats import wilson_interval
 from kvmap.evals.topk import topk_comparison
 
 
-def endpoint_of(cells: list[CellRecord]) -> dict | None:
+def endpoint_of(cells: list[CellRecord]) -> EndpointInfo | None:
     """The ``metrics.endpoint`` of the first of ``cells`` that has one."""
-    return next((c.metrics.get("endpoint") for c in cells
-                 if c.metrics.get("endpoint")), None)
+    return next((e for c in cells if (e := c.endpoint) is not None), None)
 
 
-def endpoint_baseline(cell: CellRecord, endpoint: dict, cells: list[CellRecord]
+def endpoint_baseline(cell: CellRecord, endpoint: EndpointInfo, cells: list[CellRecord]
                       ) -> CellRecord | None:
     """The baseline cell of an endpoint's task cell (module docstring); None if none ran."""
-    wanted = endpoint.get("baseline")
+    wanted = endpoint.baseline
     same_task = [c for c in cells if c.task == cell.task and c is not cell]
-    names = {(endpoint_of([c]) or {}).get("name") for c in same_task}
+    names = {c.endpoint.name for c in same_task if c.endpoint}
     if wanted is not None and wanted in names:
-        return next(c for c in same_task if (endpoint_of([c]) or {}).get("name") == wanted)
-    own = [c for c in same_task if not endpoint_of([c]) and c.quantization is None
+        return next(c for c in same_task if c.endpoint and c.endpoint.name == wanted)
+    own = [c for c in same_task if c.endpoint is None and c.quantization is None
            and c.kv == (wanted or c.dtype)]
     own.sort(key=lambda c: c.model != cell.model)
     return own[0] if own else None
@@ -50,8 +50,7 @@ def endpoint_baseline(cell: CellRecord, endpoint: dict, cells: list[CellRecord]
 
 def memory_note(cells: list[CellRecord]) -> str | None:
     """Why an endpoint has no memory coordinate (its cells' ``kv_memory_note``)."""
-    return next((c.metrics.get("kv_memory_note") for c in cells
-                 if c.metrics.get("kv_memory_note")), None)
+    return next((str(note) for c in cells if (note := c.metric("kv_memory_note"))), None)
 
 
 def _records(cell: CellRecord) -> list:

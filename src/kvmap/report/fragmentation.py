@@ -18,10 +18,12 @@ A run with no block-size sweep has no rows (and the report no table).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from kvmap.runs.record import CellRecord
-from kvmap.runs.names import base_name
 from kvmap.config import format_bytes
+from kvmap.runs.names import base_name
+from kvmap.runs.record import CellRecord
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 REFERENCE_BLOCK_SIZE = 16
 
@@ -43,17 +45,12 @@ class FragmentationRow:
 
 
 def _block_size(cell: CellRecord) -> int | None:
-    size = cell.metrics.get("kv_block_size")
-    if isinstance(size, int):
-        return size
+    size = cell.workload_metrics.kv_block_size
+    if size is not None:
+        return int(size)
     name = cell.workload or ""
     tail = name[len(base_name(name)) + len("@bs"):]
     return int(tail) if tail.isdigit() else None
-
-
-def _throughput(metrics: dict) -> float | None:
-    """As ``report.configs`` reads it: the contract's key, else the older name."""
-    return metrics.get("output_throughput_tok_s", metrics.get("output_tokens_per_s"))
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
@@ -62,33 +59,32 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 
 def fragmentation_rows(cells: list[CellRecord]) -> list[FragmentationRow]:
     """Rows for every block-size sweep of the run, in the cells' order (module docstring)."""
-    groups: dict[tuple, dict[int, dict]] = {}
+    groups: dict[tuple[Any, ...], dict[int, WorkloadMetrics]] = {}
     for c in cells:
         name = c.workload
         if c.status != "ok" or not name or base_name(name) == name \
-                or c.metrics.get("endpoint"):    # a server's own block size
+                or c.endpoint is not None:    # a server's own block size
             continue
         size = _block_size(c)
         if size is None:
             continue
-        load = (c.load or {}).get("label")
-        key = (c.model, c.quantization, c.kv, base_name(name), load)
-        groups.setdefault(key, {})[size] = c.metrics
+        key = (c.model, c.quantization, c.kv, base_name(name), c.load_label)
+        groups.setdefault(key, {})[size] = c.workload_metrics
     several_models = len({k[0] for k in groups}) > 1
     rows = []
     for (model, quant, kv, workload, load), by_size in groups.items():
         sizes = sorted(by_size)
         ref = REFERENCE_BLOCK_SIZE if REFERENCE_BLOCK_SIZE in by_size else sizes[0]
-        ref_tput = _throughput(by_size[ref])
-        ref_tbt = (by_size[ref].get("tbt_s") or {}).get("p50")
+        ref_tput = by_size[ref].output_tokens_per_s
+        ref_tbt = by_size[ref].summary("tbt_s").p50
         label = f"{quant} weights + {kv}" if quant else kv
         for size in sizes:
             m = by_size[size]
-            tput, tbt = _throughput(m), (m.get("tbt_s") or {}).get("p50")
+            tput, tbt = m.output_tokens_per_s, m.summary("tbt_s").p50
             rows.append(FragmentationRow(
                 f"{model}: {label}" if several_models else label, workload, load, size,
-                m.get("kv_waste_bytes_max"), m.get("kv_waste_bytes_mean"),
-                m.get("kv_waste_share_mean"), tput, tbt, ref, _ratio(tput, ref_tput),
+                m.kv_waste_bytes_max, m.kv_waste_bytes_mean,
+                m.kv_waste_share_mean, tput, tbt, ref, _ratio(tput, ref_tput),
                 _ratio(tbt, ref_tbt)))
     return rows
 

@@ -68,12 +68,13 @@ def layer_kind_rows(cells: list[CellRecord]) -> list[LayerKindRow]:
     """Rows for every hybrid workload cell, in the cells' order (module docstring)."""
     found = []
     for c in cells:
-        kinds = c.metrics.get("peak_kv_resident_bytes_by_kind")
-        if c.status != "ok" or c.kind != "workload" or not kinds:
+        if c.status != "ok" or c.kind != "workload":
+            continue
+        kinds = c.workload_metrics.peak_kv_resident_bytes_by_kind
+        if not kinds:
             continue
         base, whole = split_window_layout(c.kv, c.dtype)
-        load = (c.load or {}).get("label")
-        key = (c.model, c.quantization, c.workload, load, base)
+        key = (c.model, c.quantization, c.workload, c.load_label, base)
         found.append((key, whole, c, {k: int(v) for k, v in kinds.items()}))
     references = {key: sum(kinds.values()) for key, whole, _, kinds in found if whole}
     several_models = len({key[0] for key, *_ in found}) > 1

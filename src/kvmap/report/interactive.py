@@ -46,12 +46,13 @@ def hover_text(c: ConfigSummary) -> str:
         lines.append(f"peak KV {format_bytes(c.peak_kv_bytes)}")
     elif c.memory_note:
         lines.append(f"no memory coordinate: {c.memory_note}")
-    for key, label in (("kv_capacity_tokens", "KV capacity"), ("concurrency_max",
-                                                               "max concurrent")):
-        if c.metric(key) is not None:
-            lines.append(f"{label} {c.metric(key):,.0f}")
-    if c.metric("weight_bytes") is not None:
-        lines.append(f"weights {format_bytes(c.metric('weight_bytes'))}")
+    m = c.primary
+    for value, label in ((m.kv_capacity_tokens, "KV capacity"),
+                         (m.concurrency_max, "max concurrent")):
+        if value is not None:
+            lines.append(f"{label} {value:,.0f}")
+    if m.weight_bytes is not None:
+        lines.append(f"weights {format_bytes(m.weight_bytes)}")
     if c.throughput_tok_s is not None:
         lines.append(f"output {c.throughput_tok_s:.1f} tok/s{_ci(c.throughput_ci)}")
     if c.tbt_p99_s is not None:

@@ -21,11 +21,13 @@ level has figures). Failed levels are skipped and named in ``gaps``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvmap.runs.record import CellRecord
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci
 from kvmap.report.slo import measure_key, request_groups, split_key
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,14 @@ def load_of(cell: CellRecord) -> dict | None:
     return load if isinstance(load, dict) and load.get("value") is not None else None
 
 
-def _level_value(metrics: dict, rows: list[dict], key: str) -> float | None:
+def _level_value(metrics: WorkloadMetrics, rows: list[dict[str, Any]], key: str
+                 ) -> float | None:
     if rows:
         return measure_key(rows, key)
     metric, stat = split_key(key)           # no rows stored: the record's summary
-    return ((metrics.get(f"{metric}_s") or {}).get(stat or "p99"))
+    summary = metrics.summary(f"{metric}_s")
+    value = getattr(summary, stat or "p99", None)
+    return value if value is not None else summary.extra.get(stat or "p99")
 
 
 def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | None:
@@ -116,15 +121,14 @@ def load_points(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict
         if c.status != "ok":
             out.append(LoadPoint(**common, ok=False))
             continue
-        m, rows = c.metrics or {}, rows_by_cell.get(c.cell_id, [])
+        m, rows = c.workload_metrics, rows_by_cell.get(c.cell_id, [])
         keys = list(dict.fromkeys([*slo, "ttft_p99_s", "tbt_p99_s"]))
         out.append(LoadPoint(
-            **common, ok=True,
-            throughput_tok_s=m.get("output_throughput_tok_s", m.get("output_tokens_per_s")),
+            **common, ok=True, throughput_tok_s=m.output_tokens_per_s,
             throughput_ci=throughput_ci(m, rows),
             measured={k: _level_value(m, rows, k) for k in keys},
             measured_ci={k: _level_ci(rows, k, seed) for k in keys},
-            concurrency_max=m.get("concurrency_max"), idle=tuple(idle_parts(c.kv, m))))
+            concurrency_max=m.concurrency_max, idle=tuple(idle_parts(c.kv, m))))
     return out
 
 

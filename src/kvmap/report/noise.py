@@ -15,6 +15,7 @@ interval as the cell's own fluctuation, not as run-to-run noise.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from kvmap.kv.grammar import Part, parse
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
 from kvmap.kv.window_layout import WINDOW_LAYOUTS
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 NUM_WINDOWS = 10
 MIN_WINDOWS = 3
@@ -49,10 +51,11 @@ def windows_from_rows(rows: list[dict], num_windows: int = NUM_WINDOWS) -> list[
     return list(counts / ((end - start) / num_windows))
 
 
-def throughput_ci(metrics: dict, rows: list[dict]) -> tuple[float, float] | None:
+def throughput_ci(metrics: WorkloadMetrics, rows: list[dict[str, Any]]
+                  ) -> tuple[float, float] | None:
     """95% interval of the cell's output tokens/s, or None with fewer than 3 windows."""
-    rate = metrics.get("output_throughput_tok_s", metrics.get("output_tokens_per_s"))
-    windows = metrics.get("output_throughput_windows_tok_s") or windows_from_rows(rows)
+    rate = metrics.output_tokens_per_s
+    windows = metrics.output_throughput_windows_tok_s or windows_from_rows(rows)
     windows = [float(w) for w in windows if w is not None]
     if rate is None or len(windows) < MIN_WINDOWS:
         return None
@@ -96,21 +99,19 @@ def complexity(kv: str, dtype: str | None) -> int:
     return n + int("tiers" in p)
 
 
-def idle_parts(kv: str, metrics: dict) -> list[str]:
+def idle_parts(kv: str, metrics: WorkloadMetrics) -> list[str]:
     """The parts of ``kv`` that never acted in the cell of ``metrics``: a tier layout no
     tier of which was read (``bytes_read`` 0 and no hits), a policy that evicted nothing
     (``num_evicted_tokens`` 0; without it, ``num_compressions`` 0). A figure the record
     lacks counts as acted (not known)."""
     p, idle = parts(kv), []
-    tiers = metrics.get("tiers")
-    if "tiers" in p and isinstance(tiers, dict) and tiers:
-        stats = [s for s in tiers.values() if isinstance(s, dict)]
-        if stats and all((s.get("bytes_read") or 0) == 0 and (s.get("num_hits") or 0) == 0
-                         for s in stats):
-            idle.append("tiers")
-    evicted = metrics.get("num_evicted_tokens")
+    tiers = metrics.tiers
+    if "tiers" in p and tiers and all(not s.bytes_read and not s.num_hits
+                                      for s in tiers.values()):
+        idle.append("tiers")
+    evicted = metrics.num_evicted_tokens
     if "policy" in p and p["policy"].name != "full" and (
-            evicted == 0 or (evicted is None and metrics.get("num_compressions") == 0)):
+            evicted == 0 or (evicted is None and metrics.num_compressions == 0)):
         idle.append("policy")
     return idle
 

@@ -253,12 +253,10 @@ def tier_plots(configs: list[ConfigSummary]) -> str | None:
     for i, c in enumerate(configs):
         for w, tiers in c.tiers.items():
             for tier, s in tiers.items():
-                if not isinstance(s, dict):
-                    continue
-                p50, p99 = s.get("read_p50_s"), s.get("read_p99_s")
-                bars.append((i, f"{c.name}\n{tier} ({w})", s.get("hit_rate") or 0.0,
-                             p50 * 1000 if isinstance(p50, float) and p50 == p50 else 0.0,
-                             p99 * 1000 if isinstance(p99, float) and p99 == p99 else 0.0))
+                p50, p99 = s.read_p50_s, s.read_p99_s
+                bars.append((i, f"{c.name}\n{tier} ({w})", s.hit_rate or 0.0,
+                             p50 * 1000 if p50 is not None and p50 == p50 else 0.0,
+                             p99 * 1000 if p99 is not None and p99 == p99 else 0.0))
     if not bars:
         return None
     fig = Figure(figsize=(11, 3.8))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary, request_groups
@@ -18,6 +19,7 @@ from kvmap.report.endpoints import agreement_text, topk_text
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci, without
 from kvmap.report.tasks import TaskResult
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 LATENCY_COLUMNS = (("TTFT P50", "ttft", "p50"), ("TTFT P99", "ttft", "p99"),
                    ("TBT P50", "tbt", "p50"), ("TBT P99", "tbt", "p99"),
@@ -93,24 +95,21 @@ def _number(value, fmt: str = "{:,.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _workload_cells(c: ConfigSummary, w: str | None, level: str | None, m: dict | None,
-                    rows: list[dict], seed: int) -> list[str]:
+def _workload_cells(c: ConfigSummary, w: str | None, m: WorkloadMetrics | None,
+                    rows: list[dict[str, Any]], seed: int) -> list[str]:
     if m is None:                                   # a failed load level: the gap
         return ["failed"] + ["-"] * (len(LATENCY_COLUMNS) + 6)
-    tps = m.get("output_throughput_tok_s", m.get("output_tokens_per_s"))
     primary_top = w == c.primary_workload and m is c.workloads.get(w)
-    out = [rate_with_ci(tps, throughput_ci(m, rows)),
+    out = [rate_with_ci(m.output_tokens_per_s, throughput_ci(m, rows)),
            f"{c.goodput_tok_s:.1f}" if primary_top and c.goodput_tok_s is not None else "-"]
     out += [ms_with_ci(bootstrap_ci(request_groups(rows, metric), stat, seed=seed))
             for _, metric, stat in LATENCY_COLUMNS]
-    conc = (f"{_number(m.get('concurrency_max'))} / "
-            f"{_number(m.get('concurrency_mean'), '{:.1f}')}"
-            if m.get("concurrency_max") is not None else "not measured")
-    peak = m.get("peak_kv_resident_bytes")
-    out += [conc, _number(m.get("num_pool_full_steps")),
-            "-" if peak is None else format_bytes(peak),
-            _number(m.get("kv_capacity_tokens")),
-            "-" if m.get("weight_bytes") is None else format_bytes(m["weight_bytes"])]
+    conc = (f"{_number(m.concurrency_max)} / {_number(m.concurrency_mean, '{:.1f}')}"
+            if m.concurrency_max is not None else "not measured")
+    peak = m.peak_kv_resident_bytes
+    out += [conc, _number(m.num_pool_full_steps),
+            "-" if peak is None else format_bytes(peak), _number(m.kv_capacity_tokens),
+            "-" if m.weight_bytes is None else format_bytes(m.weight_bytes)]
     return out
 
 
@@ -129,12 +128,13 @@ def metric_rows(configs: list[ConfigSummary], seed: int = 0) -> tuple[list[str],
             if w in c.levels:
                 entries += [(w, label, m, rows) for label, m, rows in c.levels[w]]
             else:
-                entries.append((w, None, c.workloads.get(w) if w else {}, c.rows.get(w, [])))
+                entries.append((w, None, c.workloads.get(w) if w else WorkloadMetrics(),
+                                c.rows.get(w, [])))
         for k, (w, level, m, rows) in enumerate(entries):
             idle = idle_parts(c.kv, m) if m else []
             acted = (f"{' and '.join(idle)} never acted: = {without(c.kv, idle, c.dtype)} "
                      "here" if idle else "-")
-            cells = [w or "-", level or "-", *_workload_cells(c, w, level, m, rows, seed),
+            cells = [w or "-", level or "-", *_workload_cells(c, w, m, rows, seed),
                      acted,
                      _number(c.kv_bytes_per_token),
                      c.capacity.describe() if c.capacity and k == 0 else "-"]

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from kvmap.runs.record import as_dicts
 from kvmap.report.noise import throughput_ci
+from kvmap.runs.cell_payloads import GpuPrediction, Roofline
+from kvmap.runs.record import CellRecord
 
 CAPACITY_MARGIN = 0.10
 EQUIVALENCE = 0.05               # "no difference" when the interval lies within +-5%
@@ -70,17 +72,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _predicted(record: dict, key: str, gpu: bool = False) -> float | None:
-    prediction = record.get("prediction") or {}
-    if gpu:
-        prediction = prediction.get("gpu") or {}
-    return (prediction.get("metrics") or {}).get(key)
+def _predicted(record: CellRecord, gpu: bool = False) -> float | None:
+    """The predicted output tokens/s of ``record`` (on the GPU beside with ``gpu``)."""
+    p = record.cell_prediction
+    metrics = (p.gpu.metrics if p.gpu else None) if gpu and p else p.metrics if p else None
+    return metrics.output_tokens_per_s if metrics else None
 
 
-def _codec_share(record: dict) -> float | None:
-    time_s = (record.get("prediction") or {}).get("time_s") or {}
-    busy = time_s.get("busy")
-    return time_s.get("kv_codec", 0.0) / busy if busy else None
+def _codec_share(record: CellRecord) -> float | None:
+    p = record.cell_prediction
+    return p.codec_share() if p else None
 
 
 def speed_of(ci: tuple[float, float] | None, n: int | None) -> tuple[str, int | None]:
@@ -112,21 +113,22 @@ def classify(speed: str, capacity: float | None) -> str:
     return "no difference" if speed == "no difference" else "undecided"
 
 
-def reasons(record: dict, base: dict, machine: str, kind: str,
+def reasons(record: CellRecord, base: CellRecord, machine: str, kind: str,
             capacity: float | None) -> list[str]:
     """Why, in clauses, from the stored predictions (empty without them)."""
-    roof = (base.get("prediction") or {}).get("roofline") or {}
+    base_prediction, prediction = base.cell_prediction, record.cell_prediction
+    roof = base_prediction.roofline if base_prediction else Roofline()
     out = []
-    share = (record.get("prediction") or {}).get("bound_share") or {}
-    bound = max(share, key=share.get) if share else None
+    share = (prediction.bound_share if prediction else None) or {}
+    bound = max(share, key=lambda k: share[k]) if share else None
     if bound:
         out.append(f"its predicted step time is mostly {BOUND_WORDS.get(bound, bound)} "
                    f"({share[bound]:.0%}) on {machine}")
-    if roof.get("weight_bytes") and roof.get("kv_capacity_bytes"):
-        out.append(f"a decode step reads {_mb(roof['weight_bytes'])} of weights and at most "
-                   f"{_mb(roof['kv_capacity_bytes'])} of KV")
-    ridge = roof.get("ridge_num_seqs")
-    running = (record.get("metrics") or {}).get("concurrency_max")
+    if roof.weight_bytes and roof.kv_capacity_bytes:
+        out.append(f"a decode step reads {_mb(roof.weight_bytes)} of weights and at most "
+                   f"{_mb(roof.kv_capacity_bytes)} of KV")
+    ridge = roof.ridge_num_seqs
+    running = record.workload_metrics.concurrency_max
     if kind == "speed gain" and capacity and capacity > 1 + CAPACITY_MARGIN and ridge \
             and running and running < ridge and bound in (None, "hbm"):
         out.append(f"below {ridge} sequences each more sequence shares the read of the "
@@ -134,7 +136,7 @@ def reasons(record: dict, base: dict, machine: str, kind: str,
     codec, base_codec = _codec_share(record), _codec_share(base)
     if codec is not None and base_codec is not None and codec - base_codec > CODEC_SHARE_NOTED:
         out.append(f"its codec's own operators take {codec:.0%} of the predicted time "
-                   f"({base_codec:.0%} with {base['kv']})")
+                   f"({base_codec:.0%} with {base.kv})")
     return out
 
 
@@ -157,30 +159,29 @@ def _headline(kind: str, kv: str, capacity: float | None, how: str, speed: str,
     }[kind]
 
 
-def _name(record: dict) -> str:
+def _name(record: CellRecord) -> str:
     """The configuration and, for one load level of several, the level."""
-    q, label = record.get("quantization"), (record.get("load") or {}).get("label")
-    return (f"{q} weights + " if q else "") + record["kv"] + (f" at {label}" if label else "")
+    q, label = record.quantization, record.load_label
+    return (f"{q} weights + " if q else "") + record.kv + (f" at {label}" if label else "")
 
 
-def verdict(record: dict, base: dict, rows: list[dict] | None = None,
-            base_rows: list[dict] | None = None) -> Verdict:
+def verdict(record: CellRecord, base: CellRecord, rows: list[dict[str, Any]] | None = None,
+            base_rows: list[dict[str, Any]] | None = None) -> Verdict:
     """The verdict of ``record``'s configuration against ``base`` (the same workload)."""
-    m, mb = record.get("metrics") or {}, base.get("metrics") or {}
-    ratio = _ratio(m.get("output_tokens_per_s"), mb.get("output_tokens_per_s"))
+    m, mb = record.workload_metrics, base.workload_metrics
+    ratio = _ratio(m.output_tokens_per_s, mb.output_tokens_per_s)
     a, b = throughput_ci(m, rows or []), throughput_ci(mb, base_rows or [])
     ci = (a[0] / b[1], a[1] / b[0]) if a and b and b[0] > 0 else None
     # capacity: sequences running on average when both cells say (a pool that preempts
     # admits many at first and keeps few), else at most
-    key = "concurrency_mean" if m.get("concurrency_mean") and mb.get("concurrency_mean") \
-        else "concurrency_max"
-    n = min(m.get("num_requests") or 0, mb.get("num_requests") or 0)
-    capacity = _ratio(m.get(key), mb.get(key)) if n >= MIN_REQUESTS else None
-    predicted = _ratio(_predicted(record, "output_tokens_per_s"),
-                       _predicted(base, "output_tokens_per_s"))
+    on_mean = bool(m.concurrency_mean and mb.concurrency_mean)
+    n = min(m.num_requests or 0, mb.num_requests or 0)
+    capacity = (_ratio(m.concurrency_mean, mb.concurrency_mean) if on_mean else
+                _ratio(m.concurrency_max, mb.concurrency_max)) if n >= MIN_REQUESTS else None
+    predicted = _ratio(_predicted(record), _predicted(base))
     speed, would_need = speed_of(ci, n)
     kind = classify(speed, capacity)
-    machine_class = ((record.get("env") or {}).get("hardware") or {}).get("machine_class")
+    machine_class = record.cell_env.machine_class
     machine = f"this machine ({machine_class})" if machine_class else "this machine"
     why = reasons(record, base, machine, kind, capacity)
     figures = []
@@ -189,37 +190,41 @@ def verdict(record: dict, base: dict, rows: list[dict] | None = None,
     if ratio is not None:
         figures.append(f"measured {ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
     sentence = _headline(kind, _name(record), capacity,
-                         "on average" if key == "concurrency_mean" else "at once", speed,
+                         "on average" if on_mean else "at once", speed,
                          would_need)
     sentence += (": " + ", and ".join(why) if why else "") + \
         ("; " + ", ".join(figures) if figures else "") + "."
-    gpu = (record.get("prediction") or {}).get("gpu") or {}
-    gpu_ratio = _ratio(_predicted(record, "output_tokens_per_s", gpu=True),
-                       _predicted(base, "output_tokens_per_s", gpu=True))
-    return Verdict(workload=record.get("workload") or "", kv=record["kv"], baseline=base["kv"],
+    prediction = record.cell_prediction
+    gpu = (prediction.gpu if prediction else None) or GpuPrediction()
+    gpu_ratio = _ratio(_predicted(record, gpu=True), _predicted(base, gpu=True))
+    return Verdict(workload=record.workload or "", kv=record.kv, baseline=base.kv,
                    kind=kind, sentence=sentence, measured_ratio=ratio, measured_ci=ci,
                    predicted_ratio=predicted, concurrency_ratio=capacity,
-                   gpu=gpu.get("name"), gpu_ratio=gpu_ratio, gpu_label=gpu.get("hardware"),
+                   gpu=gpu.name, gpu_ratio=gpu_ratio, gpu_label=gpu.hardware,
                    speed=speed, would_need=would_need)
 
 
-def verdicts(cells: list, rows_by_cell: dict[str, list[dict]] | None = None
+def _is_baseline(c: CellRecord) -> bool:
+    return c.kv == c.dtype and not c.quantization
+
+
+def verdicts(cells: list[CellRecord],
+             rows_by_cell: dict[str, list[dict[str, Any]]] | None = None
              ) -> dict[str, list[Verdict]]:
     """Workload -> one verdict per non-baseline configuration of each model (cells that
     ran ok; a workload without a baseline cell has none)."""
     rows_by_cell = rows_by_cell or {}
-    ok = [c for c in as_dicts(cells) if c.get("kind") == "workload" and c.get("status") == "ok"]
+    ok = [c for c in cells if c.kind == "workload" and c.ok]
     out: dict[str, list[Verdict]] = {}
     for c in ok:
-        if c["kv"] == c.get("dtype") and not c.get("quantization"):
+        if _is_baseline(c):
             continue
-        base = next((b for b in ok if b.get("workload") == c.get("workload")
-                     and b.get("model") == c.get("model") and b["kv"] == b.get("dtype")
-                     and not b.get("quantization") and b.get("load") == c.get("load")), None)
+        base = next((b for b in ok if b.workload == c.workload and b.model == c.model
+                     and _is_baseline(b) and b.load == c.load), None)
         if base is None:
             continue
-        out.setdefault(c["workload"], []).append(verdict(
-            c, base, rows_by_cell.get(c["cell_id"]), rows_by_cell.get(base["cell_id"])))
+        out.setdefault(c.workload or "", []).append(verdict(
+            c, base, rows_by_cell.get(c.cell_id), rows_by_cell.get(base.cell_id)))
     return out
 
 

@@ -16,6 +16,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvmap.jsonable import jsonable
+from kvmap.runs.cell_payloads import (CellEnv, EndpointInfo, Estimate, Prediction,
+                                      read_endpoint, read_env, read_estimate, read_prediction)
+from kvmap.runs.workload_metrics import WorkloadMetrics
 
 JSONObject = dict[str, Any]       # a record's payload as JSON holds it
 
@@ -114,6 +117,45 @@ class CellRecord:
     def job(self) -> str | None:
         """The workload or task the cell ran."""
         return self.workload or self.task
+
+    @property
+    def load_label(self) -> str | None:
+        """The label of the cell's load level (``Load.to_dict``), None without one."""
+        label = (self.load or {}).get("label")
+        return None if label is None else str(label)
+
+    @property
+    def workload_metrics(self) -> WorkloadMetrics:
+        """``metrics`` typed, for a workload or loadgen cell (ValueError for a task's, or a
+        value of the wrong kind, naming the cell)."""
+        if self.kind == "task":
+            raise ValueError(f"cell {self.cell_id!r} is a task cell: its metrics are not a "
+                             "workload's")
+        return WorkloadMetrics.of(self)
+
+    @property
+    def endpoint(self) -> EndpointInfo | None:
+        """The server an endpoint cell measured (``metrics.endpoint``); None for kvmap's
+        own engine."""
+        data = self.metrics.get("endpoint")
+        return read_endpoint(data, f"endpoint of cell {self.cell_id!r}") if data else None
+
+    @property
+    def cell_env(self) -> CellEnv:
+        """``env`` typed (every field None for a record without one)."""
+        return read_env(self.env, f"env of cell {self.cell_id!r}")
+
+    @property
+    def cell_estimate(self) -> Estimate:
+        """``estimate`` typed (every field None for a record without one)."""
+        return read_estimate(self.estimate, f"estimate of cell {self.cell_id!r}")
+
+    @property
+    def cell_prediction(self) -> Prediction | None:
+        """``prediction`` typed; None for a record without one."""
+        if self.prediction is None:
+            return None
+        return read_prediction(self.prediction, f"prediction of cell {self.cell_id!r}")
 
     def metric(self, *keys: str) -> Any:
         """``metrics[k1][k2]...``, or None where any level is missing."""
