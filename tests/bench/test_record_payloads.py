@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvmap.runs.record import CellRecord
+from kvmap.runs.task_metrics import PplMetrics, interval
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -39,6 +40,13 @@ def test_every_key_of_the_committed_runs_is_named_by_a_view():
             assert p.metrics.output_tokens_per_s == \
                 c.prediction["metrics"]["output_tokens_per_s"]
             assert p.roofline.weight_bytes == c.prediction["roofline"]["weight_bytes"]
+    tasks = [c for c in cells if c.kind == "task" and c.ok]
+    kinds = {type(c.task_metrics).__name__ for c in tasks}
+    assert {"PplMetrics", "AccuracyMetrics"} <= kinds
+    for c in tasks:
+        assert c.task_metrics.extra == {}, (c.cell_id, sorted(c.task_metrics.extra))
+    ppl = [c.task_metrics for c in tasks if c.task_kind == "ppl"]
+    assert all(isinstance(m, PplMetrics) and m.ppl is not None for m in ppl)
     probed = [c.workload_metrics.probes for c in workload if c.metrics.get("probes")]
     assert probed and all(p is not None and p.decode_ops is not None
                           and p.decode_ops.num_ops_per_step is not None for p in probed)
@@ -87,3 +95,15 @@ def test_legacy_and_newer_keys():
     assert record({}).cell_prediction is None and record({}).cell_env.machine_class is None
     skipped = record({}, prediction={"skipped": "another machine"}).cell_prediction
     assert skipped is not None and skipped.why_not == "another machine"
+
+
+def test_a_task_interval_reads_in_both_written_forms():
+    assert interval([0.1, 0.3]) == (0.1, 0.3)
+    assert interval({"ci_low": -1.0, "ci_high": 2.0, "mean": 0.5}) == (-1.0, 2.0)
+    assert interval([0.1, None]) is None and interval(None) is None
+    task = CellRecord(cell_id="t1", kind="task", model="m", dtype="bf16", kv="int8",
+                      task="ppl", task_kind="ppl", metrics={"ppl": "high"})
+    with pytest.raises(ValueError, match=r"task cell 't1': ppl='high' is not a number"):
+        task.task_metrics
+    with pytest.raises(ValueError, match="cell 'c1' is a workload cell"):
+        record({}).task_metrics

@@ -11,28 +11,31 @@ reaches 90% of the peak.
 """
 from __future__ import annotations
 
-from kvmap.runs.search import Probe, SearchResult, result
-from kvmap.runs.search_settings import SearchSettings
+from typing import Any
+
 from kvmap.report.loadcurve import Capacity, load_of
 from kvmap.runs.record import CellRecord
+from kvmap.runs.search import Probe, SearchResult, result
+from kvmap.runs.search_settings import SearchSettings
 
 RANGE_ROLES = ("serial", "saturated")
 
 
-def search_of(cell: CellRecord) -> dict | None:
+def search_of(cell: CellRecord) -> dict[str, Any] | None:
     """The ``search`` part of a probe cell's load (None for any other cell)."""
     load = load_of(cell)
-    return load.get("search") if load and isinstance(load.get("search"), dict) else None
+    return load.search if load else None
 
 
 def search_role(cell: CellRecord) -> str | None:
     """A probe cell's role in its search (``serial``, ``saturated``, ``level``, ...)."""
-    return (search_of(cell) or {}).get("role")
+    load = load_of(cell)
+    return load.search_role if load else None
 
 
 def level_cells(cells: list[CellRecord]) -> list[CellRecord]:
     """The cells that are levels of a load curve (a search's range runs are not)."""
-    return [c for c in cells if (search_of(c) or {}).get("role") not in RANGE_ROLES]
+    return [c for c in cells if search_role(c) not in RANGE_ROLES]
 
 
 def search_result(cells: list[CellRecord]) -> SearchResult | None:

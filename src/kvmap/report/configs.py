@@ -130,12 +130,12 @@ def primary_workload(cells: list[CellRecord]) -> str | None:
 
 def _headline_order(c: CellRecord) -> tuple:
     """Cells in the order their figures stand in for the workload: the last wins."""
-    return (search_role(c) == "saturated", float((L.load_of(c) or {}).get("value") or 0))
+    return (search_role(c) == "saturated", L.load_value(c))
 
 
 def _level_key(c: CellRecord) -> tuple:
     load = L.load_of(c)
-    return (c.workload, load.get("label") if load else None)
+    return (c.workload, load.label if load else None)
 
 
 def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, slo: dict,

@@ -27,6 +27,7 @@ from kvmap.runs.record import CellRecord
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci
 from kvmap.report.slo import measure_key, request_groups, split_key
+from kvmap.runs.cell_payloads import LoadLevel
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
 
@@ -85,9 +86,16 @@ class Capacity:
         return -1.0 if self.value is None else self.value
 
 
-def load_of(cell: CellRecord) -> dict | None:
-    load = cell.load
-    return load if isinstance(load, dict) and load.get("value") is not None else None
+def load_of(cell: CellRecord) -> LoadLevel | None:
+    """The cell's load level when it has a value (a level of a curve), else None."""
+    level = cell.load_level
+    return level if level is not None and level.value is not None else None
+
+
+def load_value(cell: CellRecord) -> float:
+    """The value of the cell's load level (0 for a cell of one load)."""
+    level = load_of(cell)
+    return float(level.value) if level is not None and level.value is not None else 0.0
 
 
 def _level_value(metrics: WorkloadMetrics, rows: list[dict[str, Any]], key: str
@@ -113,10 +121,9 @@ def load_points(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict
                 seed: int = 0) -> list[LoadPoint]:
     """The curve of one configuration on one swept workload, in increasing load."""
     out = []
-    for c in sorted(cells, key=lambda c: float(load_of(c)["value"])):
-        load = load_of(c)
-        common = dict(label=str(load.get("label") or load["value"]),
-                      kind=str(load.get("kind") or ""), value=float(load["value"]),
+    for c in sorted(cells, key=load_value):
+        load, value = load_of(c) or LoadLevel(), load_value(c)
+        common = dict(label=str(load.label or value), kind=str(load.kind or ""), value=value,
                       cell_id=c.cell_id)
         if c.status != "ok":
             out.append(LoadPoint(**common, ok=False))
@@ -191,5 +198,5 @@ def swept_workloads(cells: list[CellRecord]) -> set[str]:
     levels: dict[str, set] = {}
     for c in cells:
         if c.workload and load_of(c):
-            levels.setdefault(c.workload, set()).add(float(load_of(c)["value"]))
+            levels.setdefault(c.workload, set()).add(load_value(c))
     return {w for w, v in levels.items() if len(v) > 1}

@@ -10,11 +10,13 @@ bootstrap of ``kvmap.evals.stats`` for a difference).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from kvmap.runs.record import CellRecord
 from kvmap.evals.stats import paired_delta
 from kvmap.report import samples as S
 from kvmap.report.endpoints import output_agreement, topk_figures
+from kvmap.runs.record import CellRecord
+from kvmap.runs.task_metrics import AccuracyMetrics, PplMetrics, interval
 
 
 @dataclass
@@ -43,21 +45,14 @@ class TaskResult:
         return not self.drop_ci[0] <= 0.0 <= self.drop_ci[1]
 
 
-def _pair(value) -> tuple[float, float] | None:
-    if isinstance(value, dict) and "ci_low" in value:
-        return float(value["ci_low"]), float(value["ci_high"])
-    if isinstance(value, (list, tuple)) and len(value) == 2 and None not in value:
-        return float(value[0]), float(value[1])
-    return None
-
-
-def _ppl(result: TaskResult, m: dict, mine: list, theirs: list, seed: int) -> None:
-    if m.get("ppl_delta_rel") is not None:          # the contract's key: a fraction
-        ci = _pair(m.get("ppl_delta_rel_ci95"))
-        result.drop_pct = 100.0 * m["ppl_delta_rel"]
+def _ppl(result: TaskResult, m: PplMetrics, mine: list[Any], theirs: list[Any],
+         seed: int) -> None:
+    if m.ppl_delta_rel is not None:                 # the contract's key: a fraction
+        ci = interval(m.ppl_delta_rel_ci95)
+        result.drop_pct = 100.0 * m.ppl_delta_rel
         result.drop_ci = (100.0 * ci[0], 100.0 * ci[1]) if ci else None
-    elif m.get("ppl_delta_pct") is not None:
-        result.drop_pct, result.drop_ci = m["ppl_delta_pct"], _pair(m.get("delta_ppl_pct"))
+    elif m.ppl_delta_pct is not None:
+        result.drop_pct, result.drop_ci = m.ppl_delta_pct, interval(m.delta_ppl_pct)
     if result.drop_ci is None and theirs:
         d = S.ppl_delta_pct(mine, theirs, seed)
         if d is not None:
@@ -66,16 +61,15 @@ def _ppl(result: TaskResult, m: dict, mine: list, theirs: list, seed: int) -> No
                 result.drop_pct = d["mean"]
 
 
-def _accuracy(result: TaskResult, cell: CellRecord, baseline: CellRecord | None,
-              seed: int) -> None:
-    m, mine = cell.metrics, S.per_sample(cell)
-    n = m.get("num_samples") or m.get("n") or len(mine) or None
+def _accuracy(result: TaskResult, cell: CellRecord, m: AccuracyMetrics,
+              baseline: CellRecord | None, seed: int) -> None:
+    mine = S.per_sample(cell)
+    n = m.num_samples or m.n or len(mine) or None
     result.num_samples = n
-    result.value_ci = _pair(m.get("accuracy_ci95")) or (
-        S.wilson(round(m["accuracy"] * n), n) if n and m.get("accuracy") is not None
-        else None)
-    if m.get("negative_rate") is not None:
-        result.negative = S.Rate(m["negative_rate"], _pair(m.get("negative_rate_ci95")), n or 0)
+    result.value_ci = interval(m.accuracy_ci95) or (
+        S.wilson(round(m.accuracy * n), n) if n and m.accuracy is not None else None)
+    if m.negative_rate is not None:
+        result.negative = S.Rate(m.negative_rate, interval(m.negative_rate_ci95), n or 0)
     if baseline is None or baseline.status != "ok":
         return
     if baseline is cell:
@@ -83,10 +77,11 @@ def _accuracy(result: TaskResult, cell: CellRecord, baseline: CellRecord | None,
         return
     theirs = S.per_sample(baseline)
     d = S.accuracy_drop(mine, theirs, seed)
+    base_accuracy = baseline.metric("accuracy")
     if d is not None:
         result.drop_pct, result.drop_ci = d["mean"], d["ci"]
-    elif baseline.metric("accuracy") is not None and m.get("accuracy") is not None:
-        result.drop_pct = 100.0 * (baseline.metric("accuracy") - m["accuracy"])
+    elif base_accuracy is not None and m.accuracy is not None:
+        result.drop_pct = 100.0 * (base_accuracy - m.accuracy)
     if result.negative is None:
         result.negative = S.negative_rate(mine, theirs)
 
@@ -94,23 +89,23 @@ def _accuracy(result: TaskResult, cell: CellRecord, baseline: CellRecord | None,
 def task_result(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> TaskResult:
     """The task of ``cell`` against ``baseline``'s cell of the same task, judged by the
     kind the record carries (``CellRecord.task_kind``)."""
-    name, m, kind = cell.task, cell.metrics, cell.task_kind or "other"
+    name, kind = cell.task or "", cell.task_kind or "other"
     if not cell.ok:
         return TaskResult(name, "other", failed=True)
+    m = cell.task_metrics
     mine = S.per_sample(cell)
     theirs = S.per_sample(baseline) if baseline is not None and baseline is not cell \
         and baseline.ok else []
-    if kind == "ppl":
-        result = TaskResult(name, "ppl", m.get("ppl"), num_samples=len(mine) or None)
+    if isinstance(m, PplMetrics):
+        result = TaskResult(name, "ppl", m.ppl, num_samples=len(mine) or None)
         if baseline is cell:
             result.drop_pct, result.drop_ci = 0.0, (0.0, 0.0)
         else:
             _ppl(result, m, mine, theirs, seed)
             result.topk = topk_figures(cell, baseline, seed)
-    elif kind == "accuracy":
-        result = TaskResult(name, "accuracy", m.get("accuracy"),
-                            grid=list(m.get("grid") or []))
-        _accuracy(result, cell, baseline, seed)
+    elif isinstance(m, AccuracyMetrics):
+        result = TaskResult(name, "accuracy", m.accuracy, grid=list(m.grid or []))
+        _accuracy(result, cell, m, baseline, seed)
     else:             # "generation" (natural stopping) is judged by length, below
         result = TaskResult(name, kind, num_samples=len(mine) or None)
     if S.has_lengths(mine) and S.has_lengths(theirs):

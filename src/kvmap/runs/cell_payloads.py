@@ -143,6 +143,29 @@ class EndpointInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LoadLevel:
+    """The load level of a swept or searched cell (``workloads.options.Load.to_dict``);
+    a search's probe carries ``search``: its ``role`` and the search's written settings
+    (``runs.search_settings``)."""
+
+    label: str | None = None
+    kind: str | None = None
+    value: float | None = None
+    search: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def search_role(self) -> str | None:
+        """``serial``, ``saturated``, ``level``, ``bisect``... (None: not a probe)."""
+        role = (self.search or {}).get("role")
+        return None if role is None else str(role)
+
+
+def read_load(data: Any, where: str) -> LoadLevel:
+    return view(LoadLevel, data, where)
+
+
 def read_endpoint(data: Any, where: str) -> EndpointInfo:
     return view(EndpointInfo, data, where)
 

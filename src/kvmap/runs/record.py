@@ -16,8 +16,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvmap.jsonable import jsonable
-from kvmap.runs.cell_payloads import (CellEnv, EndpointInfo, Estimate, Prediction,
-                                      read_endpoint, read_env, read_estimate, read_prediction)
+from kvmap.runs.cell_payloads import (CellEnv, EndpointInfo, Estimate, LoadLevel, Prediction,
+                                      read_endpoint, read_env, read_estimate, read_load,
+                                      read_prediction)
+from kvmap.runs.task_metrics import AnyTaskMetrics, task_metrics
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
 JSONObject = dict[str, Any]       # a record's payload as JSON holds it
@@ -119,10 +121,16 @@ class CellRecord:
         return self.workload or self.task
 
     @property
+    def load_level(self) -> LoadLevel | None:
+        """The cell's load level typed; None for a cell of one load."""
+        return None if self.load is None else read_load(self.load,
+                                                        f"load of cell {self.cell_id!r}")
+
+    @property
     def load_label(self) -> str | None:
-        """The label of the cell's load level (``Load.to_dict``), None without one."""
-        label = (self.load or {}).get("label")
-        return None if label is None else str(label)
+        """The label of the cell's load level, None without one."""
+        level = self.load_level
+        return None if level is None or level.label is None else str(level.label)
 
     @property
     def workload_metrics(self) -> WorkloadMetrics:
@@ -132,6 +140,15 @@ class CellRecord:
             raise ValueError(f"cell {self.cell_id!r} is a task cell: its metrics are not a "
                              "workload's")
         return WorkloadMetrics.of(self)
+
+    @property
+    def task_metrics(self) -> AnyTaskMetrics:
+        """``metrics`` typed by the task's kind (``runs.task_metrics``); ValueError for a
+        workload's, or a value of the wrong kind, naming the cell."""
+        if self.kind != "task":
+            raise ValueError(f"cell {self.cell_id!r} is a {self.kind} cell: its metrics are "
+                             "not a task's")
+        return task_metrics(self)
 
     @property
     def endpoint(self) -> EndpointInfo | None:
