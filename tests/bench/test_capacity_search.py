@@ -127,6 +127,12 @@ def test_search_finds_the_known_capacity_through_runner_and_report(tmp_path, err
     assert lo <= res["capacity_req_s"] <= hi
     roles = [p["role"] for p in entry["probes"]]
     assert roles[:2] == ["serial", "saturated"]
+    # the report's typed reading of the same file names every key the search wrote
+    from kvmap.runs.search_record import read_searches
+    (typed,) = read_searches(tmp_path / "run").values()
+    assert typed.result.capacity_req_s == res["capacity_req_s"] and typed.result.extra == {}
+    assert [p.role for p in typed.probes] == roles and typed.extra == {}
+    assert all(p.extra == {} for p in typed.probes)
     if error == 0:
         # a prediction on the mark is verified by two levels, in fewer requests than a
         # ladder of the same resolution made to decide
@@ -261,7 +267,8 @@ def test_a_percentile_sla_at_a_known_distribution_is_decided_correctly():
 
 
 def test_over_saturated_level_fails_without_failing_the_cell():
-    record = {"status": "ok", "load": {"kind": "poisson", "value": 3.0, "label": "poisson:3",
+    record = {"cell_id": "c", "kind": "workload", "model": "m", "kv": "bf16",
+              "status": "ok", "load": {"kind": "poisson", "value": 3.0, "label": "poisson:3",
                                        "search": {"role": "level"}},
               "metrics": {"stopped_early": {"reason": "over-saturated"},
                           "slo_attainment": {"keys": {"k": {"share": 1.0, "within": 8,

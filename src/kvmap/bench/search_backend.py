@@ -20,12 +20,12 @@ from kvmap.bench.cell_backend import (CellBackend, CellResult, FractionCallback,
 from kvmap.bench.capacity_prediction import predict_capacity
 from kvmap.bench.search_budget import SearchBudget
 from kvmap.runs.search import Probe, next_probe, own_rate, rate_verdicts, result
+from kvmap.runs.search_record import SEARCHES_FILE
 from kvmap.runs.search_settings import SearchSettings, requests_to_decide
 from kvmap.bench.cellspec import CellSpec, Scenario, with_probes_once
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore
 
-SEARCHES_FILE = "searches.json"
 
 
 class SearchingBackend(WrappingBackend):

@@ -44,7 +44,7 @@ def analyze(run: Run, constraints: Constraints | None = None,
     the user gave one ``--slo`` for all). When workloads carry their own SLA, the run's
     recommendation is its primary deployment's (the workload with the most requests)."""
     constraints = constraints or default_constraints(run)
-    seed = run.metadata.get("seed") or 0
+    seed = run.meta.seed or 0
     workload_slo = run.workload_slo if per_workload_slo else None
     names = workload_names(run.cells)
     if workload_slo and len(names) == 1 and names[0] in workload_slo:

@@ -11,11 +11,13 @@ reaches 90% of the peak.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kvmap.report.loadcurve import Capacity, load_of
 from kvmap.runs.record import CellRecord
 from kvmap.runs.search import Probe, SearchResult, result
+from kvmap.runs.search_record import read_searches
 from kvmap.runs.search_settings import SearchSettings
 
 RANGE_ROLES = ("serial", "saturated")
@@ -68,33 +70,28 @@ def search_capacity(cells: list[CellRecord]) -> Capacity | None:
                     max(rates, default=None), found.bracket, note=note)
 
 
-def search_lines(run_dir) -> list[str]:
+def search_lines(run_dir: str | Path) -> list[str]:
     """Each search of a run (``searches.json``): its capacity, its probes with their
     attainment intervals and verdicts, and the knee; [] for a run without searches."""
-    import json
-    from pathlib import Path
-    path = Path(run_dir) / "searches.json"
-    if not path.is_file():
+    searches = read_searches(run_dir)
+    if not searches:
         return []
     out = ["SLA capacity searches (arrival: auto):"]
-    for entry in json.loads(path.read_text()).values():
-        res = entry["result"]
-        name = entry["kv"] if not entry.get("quantization") else \
-            f"{entry['quantization']} weights + {entry['kv']}"
-        pred = res.get("predicted_req_s")
-        out.append(f"  {entry['model']}: {name} on {entry['workload']}: {res['describe']} "
-                   f"(tolerance {res['tolerance']:g}"
+    for entry in searches.values():
+        res = entry.result
+        pred = res.predicted_req_s
+        out.append(f"  {entry.model}: {entry.name} on {entry.workload}: {res.describe} "
+                   f"(tolerance {res.tolerance or 0:g}"
                    + (f"; simulator predicted {pred:.3g} req/s" if pred else "") + ")")
-        for p in entry["probes"]:
-            keys = p.get("keys") or {}
+        for p in entry.probes:
             shares = ", ".join(f"{k} {v['within']}/{v['n']} {v['unit']} (>= {v['quantile']:g})"
-                               for k, v in keys.items())
-            tag = "over-saturated, stopped early" if p["over_saturated"] else \
-                (p.get("verdict") or p["status"])
-            pooled = p.get("pooled_verdict")
-            tag += f"; pooled: {pooled}" if pooled and pooled != p.get("verdict") else ""
-            out.append(f"    {p['role']:<9} {p['label']:<16} {shares} {tag}")
-        knee = res.get("knee")
+                               for k, v in (p.keys or {}).items())
+            tag = "over-saturated, stopped early" if p.over_saturated else \
+                (p.verdict or p.status or "")
+            pooled = p.pooled_verdict
+            tag += f"; pooled: {pooled}" if pooled and pooled != p.verdict else ""
+            out.append(f"    {p.role or '':<9} {p.label or '':<16} {shares} {tag}")
+        knee = res.knee
         if knee:
             out.append(f"    knee: throughput reaches {knee['share']:.0%} of its peak "
                        f"({knee['peak_tok_s']:.0f} tok/s) at {knee['concurrency']:.1f} "

@@ -138,7 +138,8 @@ def _level_key(c: CellRecord) -> tuple:
     return (c.workload, load.label if load else None)
 
 
-def _workloads(s: ConfigSummary, group: list[dict], rows_by_cell: CellRecord, slo: dict,
+def _workloads(s: ConfigSummary, group: list[CellRecord],
+               rows_by_cell: dict[str, list[dict[str, Any]]], slo: dict[str, float],
                swept: set[str], seed: int) -> dict[str, list[dict]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c.status == "ok"]
@@ -210,7 +211,7 @@ def _link_bases(out: list[ConfigSummary]) -> None:
             s.equal_to = match.name if match else base
 
 
-def summarize(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]],
+def summarize(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, Any]]],
               slo: dict[str, float] | None = None, seed: int = 0,
               several_models: bool | None = None) -> list[ConfigSummary]:
     """One summary per (model, weight quantization, kv), in scenario order; names carry

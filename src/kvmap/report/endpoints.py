@@ -54,7 +54,7 @@ def memory_note(cells: list[CellRecord]) -> str | None:
 
 
 def _records(cell: CellRecord) -> list:
-    return list(cell.details.get("per_sample") or [])
+    return cell.per_sample
 
 
 def topk_figures(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> dict | None:

@@ -45,12 +45,12 @@ def _checklist_matrix(a: Analysis) -> tuple[list[str], list[dict]]:
 def context(a: Analysis) -> dict:
     """Everything the template shows (figures drawn here)."""
     rec = a.recommendation
-    meta = a.run.metadata
+    meta = a.run.meta
     retrieval = list(dict.fromkeys(t for c in a.configs for t, r in c.tasks.items()
                                    if r.grid))
-    headers, rows = metric_rows(a.configs, seed=meta.get("seed") or 0)
+    headers, rows = metric_rows(a.configs, seed=meta.seed or 0)
     names, checklist_rows = _checklist_matrix(a)
-    env = a.run.cells[0].env or {}
+    env = a.run.cells[0].cell_env
     figures = {
         "tradeoff": plots.tradeoff_map(a.configs, rec.choice),
         "cdfs": plots.latency_cdfs(a.configs),
@@ -71,13 +71,13 @@ def context(a: Analysis) -> dict:
         "title": f"kvmap trade-off map: {a.run.name}",
         "run": {"name": a.run.name, "dir": str(a.run.run_dir),
                 "description": a.run.scenario.get("description") or "",
-                "created_at": meta.get("created_at"), "git": (meta.get("git") or {}),
-                "machine": meta.get("machine") or {}, "versions": meta.get("versions") or {},
-                "command": " ".join(meta.get("command") or []),
+                "created_at": meta.created_at, "git": meta.git or {},
+                "machine": meta.machine or {}, "versions": meta.versions or {},
+                "command": " ".join(meta.command or []),
                 "num_cells": len(a.run.cells),
                 "failed": [c for c in a.run.cells if c.status != "ok"],
-                "load": [(c.env or {}).get("load_avg_1m_end") for c in a.run.cells],
-                "num_threads": env.get("num_threads")},
+                "load": [c.cell_env.load_avg_1m_end for c in a.run.cells],
+                "num_threads": env.num_threads},
         "recommendation": rec, "recommendation_lines": rec.lines(),
         "constraints": constraints, "objective": rec.objective,
         "configs": a.configs, "fmt": fmt, "figures": figures,

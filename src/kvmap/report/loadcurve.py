@@ -117,7 +117,7 @@ def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | No
     return (ci["ci_low"], ci["ci_high"]) if ci else None
 
 
-def load_points(cells: list[CellRecord], rows_by_cell: CellRecord[str, list[dict]], slo: dict,
+def load_points(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, Any]]], slo: dict,
                 seed: int = 0) -> list[LoadPoint]:
     """The curve of one configuration on one swept workload, in increasing load."""
     out = []

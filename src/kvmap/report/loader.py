@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvmap.runs.record import CellRecord
+from kvmap.runs.run_metadata import RunMetadata
 from kvmap.runs.store import RunStore
 
 
@@ -18,13 +20,18 @@ class Run:
     """A stored run: ``cells`` in scenario order, ``rows_by_cell`` cell id -> request rows."""
 
     run_dir: Path
-    metadata: dict
+    metadata: dict[str, Any]
     cells: list[CellRecord]
-    rows_by_cell: CellRecord[str, list[dict]] = field(default_factory=dict)
+    rows_by_cell: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
-    def scenario(self) -> dict:
-        return self.metadata.get("scenario") or {}
+    def meta(self) -> RunMetadata:
+        """``metadata`` (run.json) typed."""
+        return RunMetadata.read(self.metadata, f"run.json of {str(self.run_dir)!r}")
+
+    @property
+    def scenario(self) -> dict[str, Any]:
+        return self.meta.scenario or {}
 
     @property
     def name(self) -> str:
@@ -60,7 +67,7 @@ def load_run(run_dir: str | Path) -> Run:
     cells = store.cells()
     if not cells:
         raise ValueError(f"run directory {str(run_dir)!r} holds no finished cell yet")
-    rows_by_cell: CellRecord[str, list[dict]] = {}
+    rows_by_cell: dict[str, list[dict[str, Any]]] = {}
     for row in store.requests().to_pylist():
         rows_by_cell.setdefault(row["cell_id"], []).append(row)
     return Run(Path(run_dir), store.metadata(), cells, rows_by_cell)

@@ -16,9 +16,11 @@ baseline's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvmap.report.configs import ConfigSummary
 from kvmap.runs.left_out import left_out_lines
+from kvmap.runs.run_metadata import RunMetadata
 
 
 @dataclass(frozen=True)
@@ -73,31 +75,35 @@ def indistinguishable(configs: list[ConfigSummary]) -> list[tuple[str, str, str]
     return out
 
 
-def budget_lines(metadata: dict) -> list[str]:
+def _min(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def budget_lines(metadata: dict[str, Any]) -> list[str]:
     """What the budget cut and left out (none: the run was not sized)."""
-    plan = (metadata.get("preflight") or {}).get("budget")
+    plan = RunMetadata.read(metadata).budget_plan
     if not plan:
         return replan_lines(metadata)
-    out = [f"time budget {plan['budget_s'] / 60:.1f} min: estimate "
-           f"{plan['estimate_s'] / 60:.1f} min (as written {plan['written_estimate_s'] / 60:.1f})"]
-    for cut in plan.get("cuts") or []:
+    out = [f"time budget {_min(plan.budget_s)} min: estimate {_min(plan.estimate_s)} min "
+           f"(as written {_min(plan.written_estimate_s)})"]
+    for cut in plan.cuts:
         out.append(f"  cut {cut['name'].split('#')[0]} {cut['key']}: {cut['written']} -> "
                    f"{cut['value']} (minimum {cut['minimum']}: {cut['why_minimum']})")
     out += left_out_lines((left["cell_id"], left["reason"])
-                          for left in plan.get("left_out") or [])
+                          for left in plan.left_out)
     if len(out) == 1:
         out.append("  nothing cut: the run as written fits")
     return out + replan_lines(metadata)
 
 
-def replan_lines(metadata: dict) -> list[str]:
+def replan_lines(metadata: dict[str, Any]) -> list[str]:
     """The re-plans after the first cells (run.json ``replan``, ``bench.replan``): how far
     off the estimate was and what the run cut from the cells that had not run yet."""
-    replan = metadata.get("replan")
+    replan = RunMetadata.read(metadata).replan
     if not replan:
         return []
-    out = [f"  actual / estimate over {replan['cells_timed']} cells: {replan['ratio']:.2f}"]
-    for r in replan.get("replans") or []:
+    out = [f"  actual / estimate over {replan.cells_timed} cells: {replan.ratio or 0:.2f}"]
+    for r in replan.replans:
         cuts = "; ".join(f"{c['name'].split('#')[0]} {c['key']} {c['before']} -> {c['after']}"
                          for c in r["cuts"]) or "nothing cut"
         out.append(f"  re-plan after {r['after_cells']} cells (actual / estimate "
@@ -106,7 +112,7 @@ def replan_lines(metadata: dict) -> list[str]:
     return out
 
 
-def power_lines(configs: list[ConfigSummary], metadata: dict | None = None) -> list[str]:
+def power_lines(configs: list[ConfigSummary], metadata: dict[str, Any] | None = None) -> list[str]:
     """The budget's cuts, each figure's interval width, and the pairs not told apart."""
     out = budget_lines(metadata or {})
     fs = [f for f in figures(configs) if f.interval is not None]

@@ -43,7 +43,7 @@ def wilson(num_successes: float, num_trials: int, z: float = Z95) -> tuple[float
 def per_sample(cell: CellRecord | None) -> list:
     if not cell:
         return []
-    return list(cell.details.get("per_sample") or [])
+    return cell.per_sample
 
 
 def _value(sample, key: str) -> float | None:

@@ -142,6 +142,12 @@ class CellRecord:
         return WorkloadMetrics.of(self)
 
     @property
+    def per_sample(self) -> list[Any]:
+        """A task cell's samples as it wrote them (``details.per_sample``; [] without)."""
+        samples = self.details.get("per_sample")
+        return list(samples) if isinstance(samples, list) else []
+
+    @property
     def task_metrics(self) -> AnyTaskMetrics:
         """``metrics`` typed by the task's kind (``runs.task_metrics``); ValueError for a
         workload's, or a value of the wrong kind, naming the cell."""

@@ -36,7 +36,8 @@ from typing import Any
 
 from kvmap.metrics.evidence import (KeyEvidence, decide, evidence_of, fit_boundary,
                                  level_verdict, pooled, slo_attainment)
-from kvmap.runs.record import JSONObject
+from kvmap.runs.cell_payloads import LoadLevel
+from kvmap.runs.record import CellRecord, JSONObject
 from kvmap.runs.search_settings import SearchSettings
 
 ROLES = ("serial", "saturated", "level", "bisect", "extend")
@@ -70,26 +71,25 @@ class Probe:
     def of(cls, record: Any, target: float) -> Probe:
         """From a ``CellRecord`` or its stored dict; ``target``: the quantile of SLA keys
         without a percentile."""
-        if not isinstance(record, dict):
-            record = record.to_dict()
-        load = record.get("load") or {}
-        search = load.get("search") or {}
-        m = record.get("metrics") or {}
-        ok = record.get("status") == "ok"
-        att = m.get("slo_attainment")
+        if isinstance(record, dict):
+            record = CellRecord.from_dict(record)
+        load = record.load_level or LoadLevel()
+        m = record.workload_metrics
+        ok = record.ok
+        att = m.slo_attainment
         evidence = evidence_of(att, target) if ok else ()
-        over = bool((m.get("stopped_early") or {}).get("reason") == "over-saturated")
+        over = bool((m.stopped_early or {}).get("reason") == "over-saturated")
         v = "fail" if over else (level_verdict(list(evidence)) if ok else None)
-        return cls(role=search.get("role", "level"),
-                   rate=load.get("value") if load.get("kind") == "poisson" else None,
-                   ok=ok, requests_per_s=m.get("requests_per_s"),
-                   e2e_mean_s=(m.get("e2e_s") or {}).get("mean"),
+        return cls(role=load.search_role or "level",
+                   rate=load.value if load.kind == "poisson" else None,
+                   ok=ok, requests_per_s=m.requests_per_s,
+                   e2e_mean_s=m.summary("e2e_s").mean,
                    share=att["min"]["share"] if att else None, verdict=v,
                    evidence=evidence, over_saturated=over,
-                   concurrency=m.get("concurrency_mean"),
-                   throughput_tok_s=m.get("output_tokens_per_s"),
-                   label=str(load.get("label") or ""),
-                   num_requests=int(m.get("num_requests") or 0))
+                   concurrency=m.concurrency_mean,
+                   throughput_tok_s=m.output_tokens_per_s,
+                   label=str(load.label or ""),
+                   num_requests=int(m.num_requests or 0))
 
 
 def _rate_label(rate: float) -> str:
