@@ -28,7 +28,7 @@ class Analysis:
     deployments: list[Deployment] = field(default_factory=list)   # one per workload
 
 
-    def slo_of(self, workload: str) -> dict:
+    def slo_of(self, workload: str) -> dict[str, float]:
         """The SLA ``workload`` is held to (its deployment's, else the run's)."""
         return next((d.slo for d in self.deployments if d.workload == workload),
                     self.constraints.slo)

@@ -204,8 +204,8 @@ def calibration(cells: list[CellRecord], tolerance: float = TOLERANCE) -> Calibr
              and (m := c.measured["output_tokens_per_s"]) is not None
              and c.throughput_error is not None]
     timed = estimate_pairs(cells)
-    source = next((p.calibration for r in cells
-                   if (p := r.cell_prediction) is not None and p.calibration), None)
+    source = next((pred.calibration for r in cells
+                   if (pred := r.cell_prediction) is not None and pred.calibration), None)
     return Calibration(cells=out, mape=mape(pairs),
                        pearson_r=pearson_r([p for p, _ in pairs], [m for _, m in pairs]),
                        tolerance=tolerance, skipped=skipped, estimate_mape=mape(timed),

@@ -46,7 +46,7 @@ def search_result(cells: list[CellRecord]) -> SearchResult | None:
     probes = [c for c in cells if search_of(c)]
     if not probes:
         return None
-    first = search_of(probes[0])
+    first = search_of(probes[0]) or {}        # a probe: its search is there
     fields = {k: first[k] for k in SearchSettings.__dataclass_fields__ if k in first}
     settings = SearchSettings(**fields)
     ordered = sorted(probes, key=lambda c: c.started_at or "")

@@ -44,7 +44,7 @@ class CheckItem:
     measured: str
     threshold: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return {"item": self.item, "status": self.status, "measured": self.measured,
                 "threshold": self.threshold}
 
@@ -106,7 +106,7 @@ def stability_item(c: ConfigSummary) -> CheckItem:
                      f"{s.num_tokens}", threshold)
 
 
-def slo_item(c: ConfigSummary, slo: dict) -> CheckItem:
+def slo_item(c: ConfigSummary, slo: dict[str, float]) -> CheckItem:
     item = "P99 latency within the SLA"
     if not slo:
         return CheckItem(item, "WARN", "no SLA given", "-")
@@ -140,7 +140,7 @@ def length_stability_item(c: ConfigSummary) -> CheckItem:
                      f"{ratio:.2f}x (> {cut:.0f} tokens vs <= {cut:.0f})", threshold)
 
 
-def goodput_item(c: ConfigSummary, slo: dict) -> CheckItem:
+def goodput_item(c: ConfigSummary, slo: dict[str, float]) -> CheckItem:
     item = "throughput at the target latency"
     threshold = f"goodput >= {GOODPUT_PASS:.0%} of throughput"
     if not slo or c.throughput_tok_s is None or c.goodput_tok_s is None:

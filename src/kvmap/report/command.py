@@ -20,12 +20,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
 
 from kvmap.cli_errors import fail
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from kvmap.report.analysis import Analysis
 
 
 def parse_percent(text: str) -> float:
@@ -43,7 +48,7 @@ def parse_percent(text: str) -> float:
 
 
 def _analysis(run_dir: Path, slo: str | None, max_drop: str | None, kv_budget: str | None,
-              objective: str):
+              objective: str) -> Analysis:
     from kvmap.metrics import parse_slo
     from kvmap.config import parse_size
     from kvmap.report.analysis import DEFAULT_MAX_ACCURACY_DROP_PCT, analyze
@@ -70,14 +75,14 @@ class BenchMap:
     """The trade-off map that ends a ``kvmap bench`` run (``kvmap report`` with the
     scenario's SLA): what ``kvmap.bench.command`` prints and exits by."""
 
-    analysis: Any                  # report.analysis.Analysis
+    analysis: Analysis
     report_path: Path
 
     @property
-    def recommendation(self) -> dict:
+    def recommendation(self) -> dict[str, Any]:
         return self.analysis.recommendation.to_dict()
 
-    def summary(self):
+    def summary(self) -> Group:
         from kvmap.report.terminal import summary
         return summary(self.analysis)
 

@@ -37,6 +37,7 @@ from kvmap.report import loadcurve as L
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import (complexity, idle_parts, reference_part, same_spec,
                                 throughput_ci, without)
+from kvmap.report.samples import Inflation
 from kvmap.report.slo import (BARE_KEY_PERCENTILE, gaps, is_good, measure_key,  # noqa: F401
                               measure_slo, request_groups, split_key)
 from kvmap.report.endpoints import endpoint_baseline, endpoint_of, memory_note
@@ -109,10 +110,10 @@ class ConfigSummary:
     def worst_task(self) -> TaskResult | None:
         """The task that gives ``accuracy_drop_pct`` (its largest drop), with its interval."""
         tasks = [t for t in self.tasks.values() if t.drop_pct is not None]
-        return max(tasks, key=lambda t: t.drop_pct) if tasks else None
+        return max(tasks, key=lambda t: t.drop_pct or 0.0) if tasks else None  # None left out
 
     @property
-    def inflation(self):
+    def inflation(self) -> Inflation | None:
         return next((t.inflation for t in self.tasks.values() if t.inflation), None)
 
 
@@ -128,19 +129,19 @@ def primary_workload(cells: list[CellRecord]) -> str | None:
     return max(sizes, key=lambda w: sizes[w]) if sizes else None
 
 
-def _headline_order(c: CellRecord) -> tuple:
+def _headline_order(c: CellRecord) -> tuple[bool, float]:
     """Cells in the order their figures stand in for the workload: the last wins."""
     return (search_role(c) == "saturated", L.load_value(c))
 
 
-def _level_key(c: CellRecord) -> tuple:
+def _level_key(c: CellRecord) -> tuple[str | None, str | None]:
     load = L.load_of(c)
     return (c.workload, load.label if load else None)
 
 
 def _workloads(s: ConfigSummary, group: list[CellRecord],
                rows_by_cell: dict[str, list[dict[str, Any]]], slo: dict[str, float],
-               swept: set[str], seed: int) -> dict[str, list[dict]]:
+               swept: set[str], seed: int) -> dict[str, list[dict[str, Any]]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c.status == "ok"]
     # a swept workload keeps its top level that ran; a searched one its saturated run, the
@@ -180,11 +181,11 @@ def _workloads(s: ConfigSummary, group: list[CellRecord],
     return for_slo
 
 
-def _primary_figures(s: ConfigSummary, slo: dict, seed: int) -> None:
+def _primary_figures(s: ConfigSummary, slo: dict[str, float], seed: int) -> None:
     main = s.workloads.get(s.primary_workload) if s.primary_workload else None
     if not main:
         return
-    rows = s.rows.get(s.primary_workload, [])
+    rows = s.rows.get(s.primary_workload or "", [])
     s.throughput_tok_s = main.output_tokens_per_s
     s.throughput_ci = throughput_ci(main, rows)
     s.ttft_p99_s = main.summary("ttft_s").p99

@@ -19,7 +19,7 @@ class Constraints:
     """The SLA (normalized keys -> seconds), the accuracy budget in percent (see
     ``configs``: perplexity rise or accuracy points lost, per task) and a KV byte budget."""
 
-    slo: dict = field(default_factory=dict)
+    slo: dict[str, float] = field(default_factory=dict)
     max_accuracy_drop_pct: float | None = None
     kv_budget_bytes: int | None = None
 
@@ -74,13 +74,13 @@ def _slo_label(key: str) -> str:
     return f"{metric} {stat}"
 
 
-def slo_text(slo: dict) -> str:
+def slo_text(slo: dict[str, float]) -> str:
     """``{"ttft_p99_s": 10.0}`` -> ``"TTFT P99 <= 10.00 s"`` (empty for no SLA)."""
     return ", ".join(f"{_slo_label(k)} <= {fmt(k, v)}" for k, v in slo.items())
 
 
 def check(config: ConfigSummary, constraints: Constraints,
-          dropped: set[str] = frozenset()) -> list[ConstraintCheck]:
+          dropped: set[str] | frozenset[str] = frozenset()) -> list[ConstraintCheck]:
     """Every constraint against one configuration (``dropped``: names not checked; a run
     ranked by SLA capacity drops ``goodput_miss``: its headline level is the saturated
     one, past the capacity by design, and the capacity itself is the SLA's answer)."""

@@ -13,6 +13,7 @@ on a figure another workload measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvmap.runs.record import CellRecord
 from kvmap.runs.names import base_name
@@ -45,7 +46,7 @@ def workload_names(cells: list[CellRecord]) -> list[str]:
     return names
 
 
-def _key(c: CellRecord) -> tuple:
+def _key(c: CellRecord) -> tuple[str, str | None, str]:
     return (c.model, c.quantization, c.kv)
 
 
@@ -56,9 +57,10 @@ def deployment_cells(cells: list[CellRecord], workload: str) -> list[CellRecord]
             or (c.task and _key(c) in ran)]
 
 
-def deployments(cells: list[CellRecord], rows_by_cell: CellRecord, constraints: Constraints,
-                objective: str, workload_slo: dict[str, dict] | None,
-                scenario_slo: dict | None, seed: int = 0) -> list[Deployment]:
+def deployments(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, Any]]],
+                constraints: Constraints, objective: str,
+                workload_slo: dict[str, dict[str, float]] | None,
+                scenario_slo: dict[str, float] | None, seed: int = 0) -> list[Deployment]:
     """One ``Deployment`` per workload when the run has two or more (else none: the
     run's one recommendation is the deployment's). ``workload_slo`` None: the user's
     ``constraints.slo`` holds for every deployment."""

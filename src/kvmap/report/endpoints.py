@@ -22,6 +22,8 @@ its baseline's as kvmap's own are.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from kvmap.runs.cell_payloads import EndpointInfo
 from kvmap.runs.record import CellRecord
 from kvmap.evals.generation import record_agreement
@@ -53,11 +55,12 @@ def memory_note(cells: list[CellRecord]) -> str | None:
     return next((str(note) for c in cells if (note := c.metric("kv_memory_note"))), None)
 
 
-def _records(cell: CellRecord) -> list:
+def _records(cell: CellRecord) -> list[Any]:
     return cell.per_sample
 
 
-def topk_figures(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> dict | None:
+def topk_figures(cell: CellRecord, baseline: CellRecord | None, seed: int = 0
+                 ) -> dict[str, Any] | None:
     """``kl_topk``, ``top1_topk`` with their ``*_ci95`` ... of ``cell`` against
     ``baseline`` (module docstring); None without a baseline or a top-k on both sides."""
     if baseline is None or baseline is cell or baseline.status != "ok":
@@ -65,7 +68,8 @@ def topk_figures(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -
     return topk_comparison(_records(cell), _records(baseline), seed)
 
 
-def output_agreement(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) -> dict | None:
+def output_agreement(cell: CellRecord, baseline: CellRecord | None, seed: int = 0
+                     ) -> dict[str, Any] | None:
     """A generation cell's agreement with its baseline's outputs (module docstring), with
     ``exact_match_ci95`` (Wilson); None without output ids on both sides."""
     if baseline is None or baseline is cell or baseline.status != "ok":
@@ -77,7 +81,7 @@ def output_agreement(cell: CellRecord, baseline: CellRecord | None, seed: int = 
     return out
 
 
-def agreement_text(figures: dict) -> str:
+def agreement_text(figures: dict[str, Any]) -> str:
     ci = figures["exact_match_ci95"]
     return (f"exact match {100 * figures['exact_match']:.0f}% [{100 * ci[0]:.0f}, "
             f"{100 * ci[1]:.0f}] (n={figures['num_samples']}), first divergence mean "
@@ -85,7 +89,7 @@ def agreement_text(figures: dict) -> str:
             f"{100 * figures['token_agreement']:.1f}%")
 
 
-def topk_text(figures: dict) -> str:
+def topk_text(figures: dict[str, Any]) -> str:
     """``KL 1.2e-03 [..], top-1 98.0% [..] over the returned top-5`` for a table cell."""
     kl, top1 = figures["kl_topk_ci95"], figures["top1_topk_ci95"]
     return (f"KL {figures['kl_topk']:.2e} [{kl[0]:.2e}, {kl[1]:.2e}], top-1 "

@@ -18,12 +18,15 @@ A run with no block-size sweep has no rows (and the report no table).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvmap.config import format_bytes
 from kvmap.runs.names import base_name
 from kvmap.runs.record import CellRecord
 from kvmap.runs.workload_metrics import WorkloadMetrics
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 REFERENCE_BLOCK_SIZE = 16
 
@@ -95,7 +98,7 @@ HEADERS = ("KV config", "workload", "block", "waste peak", "waste mean", "waste 
 
 def formatted(row: FragmentationRow) -> list[str]:
     """The row as the terminal and the HTML show it (``-`` where not measured)."""
-    def num(value, fmt):
+    def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else fmt.format(value)
     workload = row.workload if row.load is None else f"{row.workload}@{row.load}"
     return [row.config, workload,
@@ -109,7 +112,7 @@ def formatted(row: FragmentationRow) -> list[str]:
             num(row.tbt_p50_ratio, "{:.2f}x")]
 
 
-def fragmentation_table(cells: list[CellRecord]):
+def fragmentation_table(cells: list[CellRecord]) -> Table | None:
     """A rich ``Table`` of ``fragmentation_rows``, or None when the run has no sweep."""
     from rich.table import Table
     rows = fragmentation_rows(cells)

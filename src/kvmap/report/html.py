@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -31,10 +32,10 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 
 
-def _checklist_matrix(a: Analysis) -> tuple[list[str], list[dict]]:
+def _checklist_matrix(a: Analysis) -> tuple[list[str], list[dict[str, Any]]]:
     """Items (rows, in first-seen order) x configurations (columns)."""
     names = list(a.checklist)
-    items: dict[str, dict] = {}
+    items: dict[str, dict[str, Any]] = {}
     for name, checks in a.checklist.items():
         for item in checks:
             row = items.setdefault(item.item, {"item": item.item, "cells": {}})
@@ -42,7 +43,7 @@ def _checklist_matrix(a: Analysis) -> tuple[list[str], list[dict]]:
     return names, list(items.values())
 
 
-def context(a: Analysis) -> dict:
+def context(a: Analysis) -> dict[str, Any]:
     """Everything the template shows (figures drawn here)."""
     rec = a.recommendation
     meta = a.run.meta
@@ -101,7 +102,7 @@ def context(a: Analysis) -> dict:
     }
 
 
-def _tune_path(run_dir: Path) -> dict | None:
+def _tune_path(run_dir: Path) -> dict[str, Any] | None:
     """The search path a ``kvmap tune`` run stored (``tune.json``); None for a bench run."""
     path = Path(run_dir) / "tune.json"
     return json.loads(path.read_text()) if path.is_file() else None

@@ -17,6 +17,7 @@ A run without hybrid cells has no rows (and the report no table).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvmap.config import format_bytes
 from kvmap.kv import grammar
@@ -24,6 +25,9 @@ from kvmap.kv.codecs import CODECS
 from kvmap.kv.config import AUTO_CODEC
 from kvmap.kv.window_layout import WINDOW_LAYOUTS
 from kvmap.runs.record import CellRecord
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ HEADERS = ("KV config", "workload", "peak KV by layer kind", "peak KV",
 def saving_text(row: LayerKindRow) -> str:
     if row.all_global:
         return "(the all-global reference)"
-    if row.saving is None:
+    if row.saving is None or row.reference_bytes is None:
         return "-"
     return (f"{row.saving:.2f}x ({format_bytes(row.total_bytes)} windowed vs "
             f"{format_bytes(row.reference_bytes)} all-global)")
@@ -107,7 +111,7 @@ def formatted(row: LayerKindRow) -> list[str]:
     return [row.config, row.workload, kinds, format_bytes(row.total_bytes), saving_text(row)]
 
 
-def layer_kind_table(cells: list[CellRecord]):
+def layer_kind_table(cells: list[CellRecord]) -> Table | None:
     """A rich ``Table`` of ``layer_kind_rows``, or None when the run has no hybrid cell."""
     from rich.table import Table
     rows = layer_kind_rows(cells)

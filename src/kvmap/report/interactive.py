@@ -7,6 +7,8 @@ label (and a click on the point) goes to the configuration's row in the tables
 """
 from __future__ import annotations
 
+from typing import Any
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -35,7 +37,7 @@ def family(c: ConfigSummary) -> str:
     return "baseline" if not kinds else FAMILIES[kinds[0]] if len(kinds) == 1 else "combination"
 
 
-def _ci(ci, scale: float = 1.0, digits: int = 1) -> str:
+def _ci(ci: tuple[float, float] | None, scale: float = 1.0, digits: int = 1) -> str:
     return f" [{ci[0] * scale:.{digits}f}, {ci[1] * scale:.{digits}f}]" if ci else ""
 
 
@@ -75,7 +77,8 @@ def hover_text(c: ConfigSummary) -> str:
     return "<br>".join(lines)
 
 
-def _errors(values, cis) -> dict | None:
+def _errors(values: list[float], cis: list[tuple[float, float] | None]
+            ) -> dict[str, Any] | None:
     if not any(ci is not None for ci in cis):
         return None
     return dict(type="data", symmetric=False,
@@ -84,7 +87,10 @@ def _errors(values, cis) -> dict | None:
                             for v, ci in zip(values, cis)], thickness=1.2)
 
 
-def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: set) -> None:
+def _points(fig: go.Figure, configs: list[ConfigSummary], xs: list[float | None],
+            ys: list[float | None], xcis: list[tuple[float, float] | None],
+            ycis: list[tuple[float, float] | None], choice: str | None, col: int,
+            legend: set[str]) -> None:
     """One scatter trace per family (so the legend toggles families, in both panels);
     ``legend``: the families already in the legend (updated)."""
     index = {c.name: i for i, c in enumerate(configs)}
@@ -108,7 +114,8 @@ def _points(fig, configs, xs, ys, xcis, ycis, choice, col, legend: set) -> None:
         legend.add(fam)
 
 
-def _front(fig, xs, ys, minimize_y: bool, col: int, legend: bool) -> None:
+def _front(fig: go.Figure, xs: list[float | None], ys: list[float | None], minimize_y: bool,
+           col: int, legend: bool) -> None:
     """The Pareto front as a dashed staircase (each front point holds until the next)."""
     front = pareto_front(list(zip(xs, ys)), minimize_x=True, minimize_y=minimize_y)
     if not front:
@@ -140,7 +147,7 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
     if bound:
         memory_axes.append(([c.kv_per_seq_bytes for c in configs],
                             f"peak KV per running sequence<br>(MiB), {bound}"))
-    legend: set = set()
+    legend: set[str] = set()
     left = False
     for col, (values, title) in enumerate(memory_axes, start=1):
         xs = [v / MIB if v is not None else None for v in values]
@@ -167,12 +174,13 @@ def tradeoff_figure(configs: list[ConfigSummary], choice: str | None) -> go.Figu
     return fig
 
 
-def _curve_keys(slo: dict) -> list[str]:
+def _curve_keys(slo: dict[str, float]) -> list[str]:
     keys = [k for k in slo if k.split("_")[0] in ("ttft", "tbt", "tpot")]
     return keys or ["ttft_p99_s", "tbt_p99_s"]
 
 
-def load_figure(configs: list[ConfigSummary], slo: dict, workload: str) -> go.Figure | None:
+def load_figure(configs: list[ConfigSummary], slo: dict[str, float], workload: str
+                ) -> go.Figure | None:
     """Output throughput and each SLA latency key against the load level of one swept
     workload, one line per configuration (a failed level is a gap); dotted lines mark
     the SLA limits."""

@@ -39,7 +39,7 @@ def statistic(name: str) -> Callable[[np.ndarray], float]:
 
 def bootstrap_ci(groups: Sequence[Sequence[float]], stat: str, *, seed: int = 0,
                  num_resamples: int = DEFAULT_NUM_RESAMPLES,
-                 confidence: float = DEFAULT_CONFIDENCE) -> dict | None:
+                 confidence: float = DEFAULT_CONFIDENCE) -> dict[str, float] | None:
     """``{"value", "ci_low", "ci_high"}`` of ``stat`` over the pooled values of ``groups``
     (one group per request), or None when there are no values.
 
@@ -78,10 +78,13 @@ def _weighted(v: np.ndarray, w: np.ndarray, stat: str) -> np.ndarray:
     """``stat`` of each row's pooled sample: sorted values ``v`` (V,) repeated ``w`` (b, V)
     times; percentiles interpolate linearly between ranks, as ``np.percentile``."""
     total = w.sum(axis=1)                                        # (b,)
+    out: np.ndarray
     if stat == "mean":
-        return (w * v).sum(axis=1) / total
+        out = (w * v).sum(axis=1) / total
+        return out
     if stat == "max":
-        return np.where(w > 0, v, -np.inf).max(axis=1)
+        out = np.where(w > 0, v, -np.inf).max(axis=1)
+        return out
     q = float(stat[1:]) / 100.0
     cum = np.cumsum(w, axis=1)                                   # (b, V)
     pos = q * (total - 1)
@@ -89,4 +92,5 @@ def _weighted(v: np.ndarray, w: np.ndarray, stat: str) -> np.ndarray:
     hi_rank = np.minimum(lo_rank + 1, total - 1)
     lo = v[(cum > lo_rank[:, None]).argmax(axis=1)]
     hi = v[(cum > hi_rank[:, None]).argmax(axis=1)]
-    return lo + (hi - lo) * (pos - lo_rank)
+    out = lo + (hi - lo) * (pos - lo_rank)
+    return out

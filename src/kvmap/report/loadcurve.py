@@ -20,6 +20,7 @@ level has figures). Failed levels are skipped and named in ``gaps``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,16 +43,18 @@ class LoadPoint:
     ok: bool
     throughput_tok_s: float | None = None
     throughput_ci: tuple[float, float] | None = None
-    measured: dict = field(default_factory=dict)     # SLA key -> value (s)
-    measured_ci: dict = field(default_factory=dict)  # SLA key -> (low, high)
+    measured: dict[str, float | None] = field(default_factory=dict)   # SLA key -> value (s)
+    # SLA key -> (low, high)
+    measured_ci: dict[str, tuple[float, float] | None] = field(default_factory=dict)
     concurrency_max: float | None = None
     idle: tuple[str, ...] = ()                       # parts that never acted here
 
-    def meets(self, slo: dict) -> bool | None:
+    def meets(self, slo: dict[str, float]) -> bool | None:
         """Whether every SLA key is met here (None: failed cell or not measured)."""
         if not self.ok or not slo or any(self.measured.get(k) is None for k in slo):
             return None
-        return all(self.measured[k] <= limit for k, limit in slo.items())
+        return all((v := self.measured[k]) is not None and v <= limit
+                   for k, limit in slo.items())
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def _level_value(metrics: WorkloadMetrics, rows: list[dict[str, Any]], key: str
     return value if value is not None else summary.extra.get(stat or "p99")
 
 
-def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | None:
+def _level_ci(rows: list[dict[str, Any]], key: str, seed: int) -> tuple[float, float] | None:
     metric, stat = split_key(key)
     groups = request_groups(rows, metric)
     if stat is None and metric == "tbt":     # a bare key: one value (worst gap) a request
@@ -117,14 +120,14 @@ def _level_ci(rows: list[dict], key: str, seed: int) -> tuple[float, float] | No
     return (ci["ci_low"], ci["ci_high"]) if ci else None
 
 
-def load_points(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, Any]]], slo: dict,
-                seed: int = 0) -> list[LoadPoint]:
+def load_points(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, Any]]],
+                slo: dict[str, float], seed: int = 0) -> list[LoadPoint]:
     """The curve of one configuration on one swept workload, in increasing load."""
     out = []
     for c in sorted(cells, key=load_value):
         load, value = load_of(c) or LoadLevel(), load_value(c)
-        common = dict(label=str(load.label or value), kind=str(load.kind or ""), value=value,
-                      cell_id=c.cell_id)
+        common: dict[str, Any] = dict(label=str(load.label or value), kind=str(load.kind or ""),
+                                      value=value, cell_id=c.cell_id)
         if c.status != "ok":
             out.append(LoadPoint(**common, ok=False))
             continue
@@ -139,7 +142,8 @@ def load_points(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, 
     return out
 
 
-def _crossing(a: LoadPoint, b: LoadPoint, slo: dict, va: dict, vb: dict) -> float:
+def _crossing(a: LoadPoint, b: LoadPoint, slo: dict[str, float], va: dict[str, Any],
+              vb: dict[str, Any]) -> float:
     crossings = []
     for key, limit in slo.items():
         ra, rb = va[key] / limit, vb[key] / limit
@@ -149,9 +153,10 @@ def _crossing(a: LoadPoint, b: LoadPoint, slo: dict, va: dict, vb: dict) -> floa
     return min(crossings)
 
 
-def _capacity(points: list[LoadPoint], slo: dict, values) -> tuple[str, float | None]:
+def _capacity(points: list[LoadPoint], slo: dict[str, float],
+              values: Callable[[LoadPoint], dict[str, Any] | None]) -> tuple[str, float | None]:
     """(status, value) with the per-level SLA figures ``values(point)``."""
-    last = None
+    last: tuple[LoadPoint, dict[str, Any]] | None = None
     for p in points:
         v = values(p)
         if v is None:
@@ -162,10 +167,11 @@ def _capacity(points: list[LoadPoint], slo: dict, values) -> tuple[str, float | 
         if last is None:
             return "below", None
         return "interpolated", _crossing(last[0], p, slo, last[1], v)
+    assert last is not None       # every usable point has figures: the first passed
     return "top", last[0].value
 
 
-def sla_capacity(points: list[LoadPoint], slo: dict) -> Capacity:
+def sla_capacity(points: list[LoadPoint], slo: dict[str, float]) -> Capacity:
     """The configuration's SLA capacity on one swept workload (module docstring)."""
     kind = next((p.kind for p in points), "")
     gaps = tuple(p.label for p in points if not p.ok)
@@ -174,28 +180,28 @@ def sla_capacity(points: list[LoadPoint], slo: dict) -> Capacity:
         return Capacity(None, "unmeasured", kind, gaps=gaps)
     lowest, top = usable[0].value, usable[-1].value
 
-    def at(bound: int):
-        def values(p: LoadPoint):
+    def at(bound: int) -> Callable[[LoadPoint], dict[str, Any]]:
+        def values(p: LoadPoint) -> dict[str, Any]:
             if bound < 0:
                 return p.measured
             cis = [p.measured_ci.get(k) for k in slo]
             if any(ci is None for ci in cis):
                 return p.measured
-            return {k: ci[bound] for k, ci in zip(slo, cis)}
+            return {k: ci[bound] for k, ci in zip(slo, cis) if ci is not None}
         return values
 
     status, value = _capacity(usable, slo, at(-1))
-    ci = None
-    if status == "interpolated":
+    ci: tuple[float, float] | None = None
+    if status == "interpolated" and value is not None:
         bounds = [_capacity(usable, slo, at(i)) for i in (1, 0)]  # pessimistic, optimistic
-        lo, hi = (v if s != "below" else lowest for s, v in bounds)
+        lo, hi = (v if s != "below" and v is not None else lowest for s, v in bounds)
         ci = (min(lo, value), max(hi, value))
     return Capacity(value, status, kind, lowest, top, ci, gaps)
 
 
 def swept_workloads(cells: list[CellRecord]) -> set[str]:
     """Workloads with more than one load level among ``cells``."""
-    levels: dict[str, set] = {}
+    levels: dict[str, set[float]] = {}
     for c in cells:
         if c.workload and load_of(c):
             levels.setdefault(c.workload, set()).add(load_value(c))

@@ -23,7 +23,7 @@ from kvmap.kv.codecs import CODECS
 from kvmap.kv.grammar import Part, parse
 from kvmap.kv.policies import POLICIES
 from kvmap.kv.tiers import TIER_PARTS
-from kvmap.kv.window_layout import WINDOW_LAYOUTS
+from kvmap.kv.window_layout import WINDOW_LAYOUTS, WindowLayout
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
 NUM_WINDOWS = 10
@@ -37,7 +37,8 @@ def t975(df: int) -> float:
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
 
 
-def windows_from_rows(rows: list[dict], num_windows: int = NUM_WINDOWS) -> list[float]:
+def windows_from_rows(rows: list[dict[str, Any]], num_windows: int = NUM_WINDOWS
+                      ) -> list[float]:
     """Output tokens per second in ``num_windows`` equal windows of the rows' span."""
     done = [r for r in rows if not r.get("failed")]
     times = [t for r in done for t in (r.get("token_times_s") or [])]
@@ -86,8 +87,10 @@ def reference_part(kv: str) -> str | None:
     deployable configurations (``all_global``: a hybrid model's sliding layers kept
     whole), or None."""
     layout = parts(kv).get("window")
-    return layout.name if layout is not None and \
-        WINDOW_LAYOUTS.get(layout.name).reference_only else None
+    if layout is None:
+        return None
+    layout_type: type[WindowLayout] = WINDOW_LAYOUTS.get(layout.name)
+    return layout.name if layout_type.reference_only else None
 
 
 def complexity(kv: str, dtype: str | None) -> int:
@@ -126,7 +129,7 @@ def without(kv: str, kinds: list[str], dtype: str | None) -> str:
 def same_spec(a: str, b: str, dtype: str | None) -> bool:
     """Whether two specs name the same configuration (part order aside; a missing codec
     is the model's dtype)."""
-    def key(kv: str) -> tuple:
+    def key(kv: str) -> tuple[str, ...]:
         try:
             found = {str(part) for part in parse(kv)}
         except ValueError:

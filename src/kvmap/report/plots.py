@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
+from matplotlib.axes import Axes  # noqa: E402 -- after choosing the backend
 from matplotlib.figure import Figure  # noqa: E402 -- after choosing the backend
 
 import numpy as np  # noqa: E402
 
-from kvmap.report.configs import ConfigSummary, gaps  # noqa: E402
+from kvmap.report.configs import ConfigSummary  # noqa: E402
 from kvmap.report.pareto import pareto_front  # noqa: E402
+from kvmap.report.slo import gaps  # noqa: E402
 
 MIB = 1024 * 1024
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -35,8 +38,10 @@ def encode(fig: Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | None,
-                        xcis=None, ycis=None) -> None:
+def _scatter_with_front(ax: Axes, configs: list[ConfigSummary], xs: list[float | None],
+                        ys: list[float | None], minimize_y: bool, choice: str | None,
+                        xcis: list[tuple[float, float] | None] | None = None,
+                        ycis: list[tuple[float, float] | None] | None = None) -> None:
     """One labelled point per configuration with its 95% intervals (``xcis``/``ycis``:
     (low, high) or None per point) as error bars, the Pareto front drawn and labelled."""
     points = list(zip(xs, ys))
@@ -55,8 +60,8 @@ def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | Non
         ax.annotate(c.name, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
     front = pareto_front(points, minimize_x=True, minimize_y=minimize_y)
     if len(front) >= 1:
-        fx = [points[i][0] for i in front]
-        fy = [points[i][1] for i in front]
+        fx = [x for x in (points[i][0] for i in front) if x is not None]   # both set on the front
+        fy = [y for y in (points[i][1] for i in front) if y is not None]
         # the boundary of the region the front dominates: each front point's value holds
         # until the next point's x (for both orientations of y)
         ax.step(fx, fy, where="post", color="black",
@@ -65,7 +70,7 @@ def _scatter_with_front(ax, configs, xs, ys, minimize_y: bool, choice: str | Non
                     xytext=(-10, -14), fontsize=8, ha="right", style="italic")
 
 
-def _err(value: float, ci) -> list | None:
+def _err(value: float, ci: tuple[float, float] | None) -> list[list[float]] | None:
     """A (low, high) interval as matplotlib's [[below], [above]] (None: no interval)."""
     if ci is None or ci[0] is None or ci[1] is None:
         return None
@@ -85,7 +90,8 @@ def _accuracy_ys(configs: list[ConfigSummary]) -> list[float | None]:
             else (0.0 if c.is_baseline and not c.accuracy_na else None) for c in configs]
 
 
-def _memory_panel(ax, configs, xs, choice, xlabel: str, title: str) -> None:
+def _memory_panel(ax: Axes, configs: list[ConfigSummary], xs: list[float | None],
+                  choice: str | None, xlabel: str, title: str) -> None:
     ys = _accuracy_ys(configs)
     if any(x is not None and y is not None for x, y in zip(xs, ys)):
         drop_cis = [c.worst_task.drop_ci if c.worst_task else None for c in configs]
@@ -143,7 +149,7 @@ def tradeoff_map(configs: list[ConfigSummary], choice: str | None = None) -> str
     return encode(fig)
 
 
-def _cdf(ax, values: list[float], **kwargs) -> None:
+def _cdf(ax: Axes, values: list[float], **kwargs: Any) -> None:
     """Empirical CDF as a staircase that starts at 0 (one value still draws a step)."""
     xs = np.sort(np.asarray(values, dtype=float))
     ys = np.arange(1, len(xs) + 1) / len(xs)
@@ -242,6 +248,7 @@ def retrieval_heatmaps(configs: list[ConfigSummary], task: str) -> str | None:
         ax.set_xlabel("depth")
         ax.set_title(c.name, fontsize=9)
     axes[0].set_ylabel("context (tokens)")
+    assert image is not None            # one panel at least
     fig.colorbar(image, ax=list(axes), fraction=0.03, label="accuracy")
     fig.suptitle(f"{task}: accuracy by context length x depth", fontsize=10)
     return encode(fig)
@@ -279,7 +286,8 @@ def tier_plots(configs: list[ConfigSummary]) -> str | None:
     return encode(fig)
 
 
-def load_curves(configs: list[ConfigSummary], slo: dict, workload: str) -> str | None:
+def load_curves(configs: list[ConfigSummary], slo: dict[str, float], workload: str
+                ) -> str | None:
     """Output throughput and P99 TTFT / TBT (the SLA's latency keys) against the load
     level of one swept workload, one line per configuration; a failed level is a gap
     (NaN), the SLA limits dotted."""

@@ -40,7 +40,7 @@ def figures(configs: list[ConfigSummary]) -> list[Figure]:
     """Every figure with an interval (or the lack of one) of every configuration."""
     out = []
     for c in configs:
-        n = len(c.rows.get(c.primary_workload) or []) or None
+        n = len(c.rows.get(c.primary_workload or "") or []) or None
         if c.throughput_tok_s is not None:
             out.append(Figure(c.name, "throughput tok/s", c.throughput_tok_s,
                               c.throughput_ci, n))
@@ -57,8 +57,8 @@ def figures(configs: list[ConfigSummary]) -> list[Figure]:
     return out
 
 
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
+def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
 def indistinguishable(configs: list[ConfigSummary]) -> list[tuple[str, str, str]]:
@@ -115,16 +115,16 @@ def replan_lines(metadata: dict[str, Any]) -> list[str]:
 def power_lines(configs: list[ConfigSummary], metadata: dict[str, Any] | None = None) -> list[str]:
     """The budget's cuts, each figure's interval width, and the pairs not told apart."""
     out = budget_lines(metadata or {})
-    fs = [f for f in figures(configs) if f.interval is not None]
+    fs = [(f, f.interval) for f in figures(configs) if f.interval is not None]
     if fs:
         out.append("power (interval widths, 95%):")
-        for f in fs:
+        for f, (low, high) in fs:
             n = f" (n={f.num_samples})" if f.num_samples else ""
             if f.num_samples is not None and f.num_samples < 2:
                 out.append(f"  {f.config}: {f.figure} {f.value:.3g}: one sample, no interval")
                 continue
-            out.append(f"  {f.config}: {f.figure} {f.value:.3g} [{f.interval[0]:.3g}, "
-                       f"{f.interval[1]:.3g}] width {f.width:.3g}{n}")
+            out.append(f"  {f.config}: {f.figure} {f.value:.3g} [{low:.3g}, "
+                       f"{high:.3g}] width {f.width:.3g}{n}")
     pairs = indistinguishable(configs)
     if pairs:
         out.append("cannot be told apart at this power (overlapping intervals):")

@@ -3,10 +3,13 @@ HTML template's context (``templates/prediction.html.j2``) and the terminal's te
 The figures are :mod:`kvmap.report.verdict`'s and :mod:`kvmap.report.calibration`'s."""
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 from rich.text import Text
 
 from kvmap.report.calibration import LOADED, Calibration, calibration
+from kvmap.report.loader import Run
 from kvmap.report.verdict import gpu_sentence, verdicts
 
 
@@ -18,7 +21,7 @@ def _num(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value * scale:,.{digits}f}"
 
 
-def calibration_rows(cal: Calibration) -> list[dict]:
+def calibration_rows(cal: Calibration) -> list[dict[str, Any]]:
     """One row per predicted cell: measured, predicted and error of each figure."""
     rows = []
     for c in cal.cells:
@@ -52,7 +55,7 @@ def fit_text(cal: Calibration) -> str:
             f"cells; {len(cal.missed)} cell(s) beyond the {cal.tolerance:.0%} tolerance")
 
 
-def prediction_context(run) -> dict:
+def prediction_context(run: Run) -> dict[str, Any]:
     """The template's ``prediction`` block (None when no cell was predicted)."""
     cal = calibration(run.cells)
     found = verdicts(run.cells, run.rows_by_cell)
@@ -67,7 +70,7 @@ def prediction_context(run) -> dict:
                      for w, vs in found.items()]}}
 
 
-def prediction_text(run) -> Text:
+def prediction_text(run: Run) -> Text:
     """The verdicts and the fit, for the terminal (empty without predictions)."""
     block = prediction_context(run)["prediction"]
     text = Text()
@@ -84,7 +87,7 @@ def prediction_text(run) -> Text:
     return text
 
 
-def calibration_table(run) -> Table | None:
+def calibration_table(run: Run) -> Table | None:
     block = prediction_context(run)["prediction"]
     if block is None or not block["rows"]:
         return None

@@ -32,6 +32,7 @@ never a candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvmap.config import format_bytes
 from kvmap.report.configs import ConfigSummary
@@ -72,7 +73,7 @@ class Recommendation:
     binding: str | None                           # explanation; None when nothing binds
     binding_constraints: tuple[str, ...]
     runners_up: tuple[RunnerUp, ...]
-    checks: dict                                  # config name -> [ConstraintCheck]
+    checks: dict[str, list[ConstraintCheck]]      # config name -> [ConstraintCheck]
     closest_miss: str | None
     notes: tuple[str, ...]
     margin: str | None = None                     # the winner's margin is inside the noise
@@ -117,7 +118,7 @@ class Recommendation:
         out.extend(f"Note: {n}" for n in self.notes)
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"objective": self.objective, "feasible": self.feasible,
                 "choice": self.choice, "binding": self.binding,
                 "binding_constraints": list(self.binding_constraints),
@@ -134,11 +135,13 @@ class Recommendation:
                 "text": self.lines()}
 
 
-def objective_value(config: ConfigSummary, objective: str, by_capacity: bool = False):
+def objective_value(config: ConfigSummary, objective: str, by_capacity: bool = False
+                    ) -> float | None:
     """The figure ranked on (higher or lower is better as ``_OBJECTIVE`` says)."""
     if objective == "throughput" and by_capacity:
         return None if config.capacity is None else config.capacity.sort_value
-    return getattr(config, _OBJECTIVE[objective][0])
+    value: float | None = getattr(config, _OBJECTIVE[objective][0])
+    return value
 
 
 def objective_interval(config: ConfigSummary, objective: str,
@@ -157,7 +160,7 @@ def objective_interval(config: ConfigSummary, objective: str,
 
 
 def _objective_sort_key(config: ConfigSummary, objective: str, by_capacity: bool = False,
-                        base: ConfigSummary | None = None):
+                        base: ConfigSummary | None = None) -> tuple[int, float, float, int]:
     """Best first; a configuration equal to its ``base`` sorts right behind it."""
     ref = base or config
     _, higher, _ = _OBJECTIVE[objective]
@@ -305,7 +308,8 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
     leader = feasible[0]
     winner, margin = _simplest_within_noise(leader, feasible, objective, by_capacity)
     better = ranked[:ranked.index(leader)]
-    binding, names = None, ()
+    binding: str | None = None
+    names: tuple[str, ...] = ()
     if better:
         blocked = better[0]
         failed = [k for k in checks[blocked.name] if not k.ok]
@@ -324,7 +328,7 @@ def recommend(configs: list[ConfigSummary], constraints: Constraints,
 TAIL_RATIO = 3.0        # a P99 gap this many times the P50: the tail is a kind of step
 
 
-def why_missed(config: ConfigSummary, checks: list) -> str | None:
+def why_missed(config: ConfigSummary, checks: list[ConstraintCheck]) -> str | None:
     """Which part of the step breaks the SLA for the closest miss, from its own figures:
     a TBT P99 far above its P50 comes from the decode steps that also carry another
     request's prefill chunk (the step's token budget, ``max_num_batched_tokens``); a

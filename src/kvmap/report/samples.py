@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,20 +41,20 @@ def wilson(num_successes: float, num_trials: int, z: float = Z95) -> tuple[float
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def per_sample(cell: CellRecord | None) -> list:
+def per_sample(cell: CellRecord | None) -> list[Any]:
     if not cell:
         return []
     return cell.per_sample
 
 
-def _value(sample, key: str) -> float | None:
+def _value(sample: Any, key: str) -> float | None:
     if isinstance(sample, dict):
         v = sample.get(key)
         return None if v is None else float(v)
     return float(sample) if isinstance(sample, (int, float, bool)) else None
 
 
-def joined(mine: Sequence, theirs: Sequence, key: str) -> list[tuple[float, float]]:
+def joined(mine: list[Any], theirs: list[Any], key: str) -> list[tuple[float, float]]:
     """``[(baseline value, this value)]`` of the samples both sides have, joined by
     ``sample_id`` when the samples carry one, else by position (equal lengths only)."""
     if mine and theirs and all(isinstance(s, dict) and "sample_id" in s for s in mine + theirs):
@@ -75,7 +76,7 @@ class Rate:
     num_samples: int
 
 
-def negative_rate(mine: Sequence, theirs: Sequence) -> Rate | None:
+def negative_rate(mine: list[Any], theirs: list[Any]) -> Rate | None:
     """Share of the joined samples the baseline gets right and this one gets wrong."""
     pairs = joined(mine, theirs, "correct")
     if not pairs:
@@ -84,7 +85,7 @@ def negative_rate(mine: Sequence, theirs: Sequence) -> Rate | None:
     return Rate(k / len(pairs), wilson(k, len(pairs)), len(pairs))
 
 
-def accuracy_drop(mine: Sequence, theirs: Sequence, seed: int = 0) -> dict | None:
+def accuracy_drop(mine: list[Any], theirs: list[Any], seed: int = 0) -> dict[str, Any] | None:
     """Paired drop in points (baseline - this, x100) with its bootstrap interval."""
     pairs = joined(mine, theirs, "correct")
     if not pairs:
@@ -94,7 +95,7 @@ def accuracy_drop(mine: Sequence, theirs: Sequence, seed: int = 0) -> dict | Non
             "n": len(pairs)}
 
 
-def ppl_delta_pct(mine: Sequence, theirs: Sequence, seed: int = 0) -> dict | None:
+def ppl_delta_pct(mine: list[Any], theirs: list[Any], seed: int = 0) -> dict[str, Any] | None:
     """Paired relative perplexity change in percent from per-sample ``nll_mean``:
     ``100 * (exp(mean NLL delta) - 1)``, the interval mapped the same way."""
     pairs = joined(mine, theirs, "nll_mean")
@@ -128,14 +129,14 @@ def _pct(a: float, b: float) -> float:
     return 100.0 * (a / b - 1) if b else 0.0
 
 
-def has_lengths(samples: Sequence) -> bool:
+def has_lengths(samples: Sequence[Any]) -> bool:
     """Whether these are a natural-stopping generation task's samples (a length and
     why it stopped; a fixed-length task without ``finish_reason`` is not one)."""
     return bool(samples) and all(isinstance(s, dict) and "num_output_tokens" in s
                                  and "finish_reason" in s for s in samples)
 
 
-def inflation(mine: Sequence, theirs: Sequence, seed: int = 0) -> Inflation | None:
+def inflation(mine: list[Any], theirs: list[Any], seed: int = 0) -> Inflation | None:
     """Mean and P90 output tokens against the baseline's, on the joined samples; the
     mean's interval is the paired bootstrap of (this - baseline) relative to the
     baseline's mean; ``e2e_pct`` from ``e2e_s`` where both sides have it."""

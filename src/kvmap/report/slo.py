@@ -8,6 +8,7 @@ left out.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def split_key(key: str) -> tuple[str, str | None]:
     return metric, stat
 
 
-def gaps(row: dict) -> list[float]:
+def gaps(row: dict[str, Any]) -> list[float]:
     times = row.get("token_times_s") or []
     return [b - a for a, b in zip(times, times[1:])]
 
@@ -45,7 +46,7 @@ def _reduce(values: list[float], stat: str) -> float | None:
     return float(np.percentile(values, float(stat[1:])))
 
 
-def _per_request(row: dict, metric: str) -> float | None:
+def _per_request(row: dict[str, Any], metric: str) -> float | None:
     """One request's value of a bare key (as ``meets_slo``: TBT is its worst gap, TPOT of
     a one-token request is 0)."""
     if metric == "tbt":
@@ -55,7 +56,7 @@ def _per_request(row: dict, metric: str) -> float | None:
     return row.get(f"{metric}_s")
 
 
-def measure_key(rows: Iterable[dict], key: str) -> float | None:
+def measure_key(rows: Iterable[dict[str, Any]], key: str) -> float | None:
     """The measured value of one normalized SLA key over ``rows`` (failed rows left out;
     TBT statistics pool every gap of every request)."""
     metric, stat = split_key(key)
@@ -66,23 +67,22 @@ def measure_key(rows: Iterable[dict], key: str) -> float | None:
     if metric == "tbt":
         values = [g for r in done for g in gaps(r)]
     else:
-        values = [r.get(f"{metric}_s") for r in done]
-        values = [v for v in values if v is not None]
+        values = [v for v in (r.get(f"{metric}_s") for r in done) if v is not None]
     return _reduce(values, stat)
 
 
-def measure_slo(rows_by_workload: dict[str, list[dict]], slo: dict[str, float]
+def measure_slo(rows_by_workload: dict[str, list[dict[str, Any]]], slo: dict[str, float]
                 ) -> dict[str, float | None]:
     """Key -> worst value over the workloads (None when no workload measured it)."""
     out: dict[str, float | None] = {}
     for key in slo:
-        values = [measure_key(rows, key) for rows in rows_by_workload.values()]
-        values = [v for v in values if v is not None]
+        measured = [measure_key(rows, key) for rows in rows_by_workload.values()]
+        values = [v for v in measured if v is not None]
         out[key] = max(values) if values else None
     return out
 
 
-def is_good(row: dict, slo: dict[str, float]) -> bool:
+def is_good(row: dict[str, Any], slo: dict[str, float]) -> bool:
     """Whether one request meets every SLA key read for that request alone (a ``_pNN``
     key bounds that percentile of its own gaps; queue keys bound its queueing time)."""
     if row.get("failed"):
@@ -90,7 +90,7 @@ def is_good(row: dict, slo: dict[str, float]) -> bool:
     for key, limit_s in slo.items():
         metric, stat = split_key(key)
         if metric == "tbt" and stat is not None:
-            value = _reduce(gaps(row), stat) or 0.0
+            value: float | None = _reduce(gaps(row), stat) or 0.0
         else:
             value = _per_request(row, metric)
         if value is None or value > limit_s:
@@ -98,7 +98,7 @@ def is_good(row: dict, slo: dict[str, float]) -> bool:
     return True
 
 
-def request_groups(rows: list[dict], metric: str) -> list[list[float]]:
+def request_groups(rows: list[dict[str, Any]], metric: str) -> list[list[float]]:
     """One group of values per completed request (its gaps for ``tbt``), for the
     request-level bootstrap of ``intervals.bootstrap_ci``."""
     done = [r for r in rows if not r.get("failed")]

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmap.config import format_bytes
-from kvmap.report.configs import ConfigSummary, request_groups
+from kvmap.report.configs import ConfigSummary
 from kvmap.report.endpoints import agreement_text, topk_text
 from kvmap.report.intervals import bootstrap_ci
 from kvmap.report.noise import idle_parts, throughput_ci, without
+from kvmap.report.slo import request_groups
 from kvmap.report.tasks import TaskResult
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
@@ -43,7 +44,7 @@ class TableRow:
     cells: list[str]
 
 
-def ms_with_ci(ci: dict | None) -> str:
+def ms_with_ci(ci: dict[str, float] | None) -> str:
     if ci is None:
         return "-"
     v, lo, hi = (ci[k] * 1000 for k in ("value", "ci_low", "ci_high"))
@@ -91,7 +92,7 @@ def task_cell(r: TaskResult | None, na: bool) -> str:
     return "; ".join(parts)
 
 
-def _number(value, fmt: str = "{:,.0f}") -> str:
+def _number(value: float | None, fmt: str = "{:,.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
@@ -99,7 +100,7 @@ def _workload_cells(c: ConfigSummary, w: str | None, m: WorkloadMetrics | None,
                     rows: list[dict[str, Any]], seed: int) -> list[str]:
     if m is None:                                   # a failed load level: the gap
         return ["failed"] + ["-"] * (len(LATENCY_COLUMNS) + 6)
-    primary_top = w == c.primary_workload and m is c.workloads.get(w)
+    primary_top = w == c.primary_workload and w is not None and m is c.workloads.get(w)
     out = [rate_with_ci(m.output_tokens_per_s, throughput_ci(m, rows)),
            f"{c.goodput_tok_s:.1f}" if primary_top and c.goodput_tok_s is not None else "-"]
     out += [ms_with_ci(bootstrap_ci(request_groups(rows, metric), stat, seed=seed))
@@ -123,13 +124,15 @@ def metric_rows(configs: list[ConfigSummary], seed: int = 0) -> tuple[list[str],
                *tasks]
     out = []
     for c in configs:
-        entries = []
-        for w in list(c.rows) or [None]:
+        entries: list[tuple[str | None, str | None, WorkloadMetrics | None,
+                            list[dict[str, Any]]]] = []
+        names: list[str | None] = list(c.rows) or [None]
+        for w in names:
             if w in c.levels:
                 entries += [(w, label, m, rows) for label, m, rows in c.levels[w]]
             else:
                 entries.append((w, None, c.workloads.get(w) if w else WorkloadMetrics(),
-                                c.rows.get(w, [])))
+                                c.rows.get(w, []) if w is not None else []))
         for k, (w, level, m, rows) in enumerate(entries):
             idle = idle_parts(c.kv, m) if m else []
             acted = (f"{' and '.join(idle)} never acted: = {without(c.kv, idle, c.dtype)} "

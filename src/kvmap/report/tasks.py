@@ -28,14 +28,14 @@ class TaskResult:
     value: float | None = None         # perplexity, or accuracy in [0, 1]
     drop_pct: float | None = None      # perplexity rise %, or accuracy points lost
     drop_ci: tuple[float, float] | None = None
-    grid: list[dict] = field(default_factory=list)   # retrieval: context x depth cells
+    grid: list[dict[str, Any]] = field(default_factory=list)  # retrieval: context x depth cells
     failed: bool = False
     value_ci: tuple[float, float] | None = None      # accuracy: Wilson (or the task's)
     num_samples: int | None = None
     negative: S.Rate | None = None
     inflation: S.Inflation | None = None
-    topk: dict | None = None           # prompt_ppl: KL / top-1 over the returned top-k
-    agreement: dict | None = None      # generation: exact match ... with the baseline's outputs
+    topk: dict[str, Any] | None = None       # prompt_ppl: KL / top-1 over the returned top-k
+    agreement: dict[str, Any] | None = None  # generation: exact match ... with the baseline outputs
 
     @property
     def distinguishable(self) -> bool | None:
@@ -114,8 +114,8 @@ def task_result(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) ->
     return result
 
 
-def needle_result(cell: CellRecord, baseline: CellRecord | None, rows: list[dict],
-                  baseline_rows: list[dict]) -> TaskResult:
+def needle_result(cell: CellRecord, baseline: CellRecord | None, rows: list[dict[str, Any]],
+                  baseline_rows: list[dict[str, Any]]) -> TaskResult:
     """A workload with needle questions (``needle_accuracy``): an accuracy task whose
     samples are its requests, paired with the baseline's by request id; its grid is
     prompt length x needle depth."""

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from kvmap.config import format_bytes
 from kvmap.report.analysis import Analysis
+from kvmap.report.configs import ConfigSummary
 from kvmap.report.fragmentation import fragmentation_table
 from kvmap.report.hybrid_saving import layer_kind_table
 from kvmap.report.pareto import pareto_front
@@ -47,7 +48,7 @@ def tradeoff_table(a: Analysis) -> Table:
     return table
 
 
-def _drop(c) -> str:
+def _drop(c: ConfigSummary) -> str:
     """The worst task's drop with its interval (``n/a`` for a model with no accuracy)."""
     if c.accuracy_na:
         return "n/a"

@@ -4,15 +4,18 @@ series (older runs, task-only runs) draws nothing."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
 
 from kvmap.runs.record import CellRecord
 from kvmap.runs.store import RunStore
-from kvmap.report.plots import Figure, color, encode
+from kvmap.report.plots import color, encode
 
 MIB = 1024 * 1024
 
 
-def _rate(t: list[float], counter: list) -> list[float]:
+def _rate(t: list[float], counter: list[Any]) -> list[float]:
     """Per-second rate of a cumulative counter between samples (MiB/s)."""
     out = [0.0]
     for i in range(1, len(t)):
@@ -22,11 +25,12 @@ def _rate(t: list[float], counter: list) -> list[float]:
     return out
 
 
-def cell_figure(columns: dict, title: str) -> str:
+def cell_figure(columns: dict[str, list[Any]], title: str) -> str:
     """Three panels over time: memory (RSS, KV device, waste), queues, process disk IO."""
     t = columns["t_s"]
     fig = Figure(figsize=(11, 3))
     mem, queue, io = fig.subplots(1, 3)
+    key: str
     for i, key in enumerate(k for k in ("rss_bytes", "kv_resident_bytes_device",
                                         "kv_waste_bytes", "gpu_memory_used_bytes")
                             if k in columns):
