@@ -100,7 +100,7 @@ def test_the_report_draws_the_endpoint_beside_the_configurations(served_run):
     analysis = analyze(load_run(run_dir))
     by_name = {c.name.split(": ", 1)[-1]: c for c in analysis.configs}
     served = by_name["served (kvmap serve fp32)"]
-    assert served.endpoint["name"] == "served"
+    assert served.endpoint is not None and served.endpoint.name == "served"
     assert served.peak_kv_bytes is not None or served.memory_note
     assert served.curves["throughput"] and by_name["fp32"].curves["throughput"]
     assert served.tasks["prompt_ppl"].value == pytest.approx(

@@ -70,7 +70,7 @@ def test_a_value_of_the_wrong_kind_names_the_cell_and_the_key():
     with pytest.raises(ValueError, match=r"prediction of cell 'c1', roofline: .*"
                                          r"weight_bytes='540MB' is not a number"):
         record({}, prediction={"roofline": {"weight_bytes": "540MB"}}).cell_prediction
-    with pytest.raises(ValueError, match=r"env of cell 'c1' is a JSON object, not list"):
+    with pytest.raises(ValueError, match=r"env of cell 'c1' is not a JSON object \(a list"):
         record({}, env=[1]).cell_env
     task = CellRecord(cell_id="t1", kind="task", model="m", dtype="bf16", kv="int8",
                       task="ppl", metrics={"ppl": 3.0})
@@ -93,6 +93,14 @@ def test_legacy_and_newer_keys():
     empty = WorkloadMetrics.read({})
     assert empty.concurrency_mean is None and empty.summary("ttft_s").p99 is None
     assert record({}).cell_prediction is None and record({}).cell_env.machine_class is None
+    # a JSON null on a field that is never None keeps its default; {} probes read as none
+    nulls = record({"probes": {"stability": {}}},
+                   prediction={"roofline": None, "gpu": {"metrics": None}})
+    p = nulls.cell_prediction
+    assert p is not None and p.roofline.weight_bytes is None
+    assert p.gpu is not None and p.gpu.metrics.output_tokens_per_s is None
+    probes = nulls.workload_metrics.probes
+    assert probes is not None and probes.stability is None
     skipped = record({}, prediction={"skipped": "another machine"}).cell_prediction
     assert skipped is not None and skipped.why_not == "another machine"
 
@@ -101,6 +109,12 @@ def test_a_task_interval_reads_in_both_written_forms():
     assert interval([0.1, 0.3]) == (0.1, 0.3)
     assert interval({"ci_low": -1.0, "ci_high": 2.0, "mean": 0.5}) == (-1.0, 2.0)
     assert interval([0.1, None]) is None and interval(None) is None
+    # a task may write either form; the view keeps it and interval() reads it
+    both = CellRecord(cell_id="t2", kind="task", model="m", dtype="bf16", kv="int8",
+                      task="qa", task_kind="accuracy",
+                      metrics={"accuracy": 0.8,
+                               "accuracy_ci95": {"ci_low": 0.7, "ci_high": 0.9}})
+    assert interval(both.task_metrics.accuracy_ci95) == (0.7, 0.9)
     task = CellRecord(cell_id="t1", kind="task", model="m", dtype="bf16", kv="int8",
                       task="ppl", task_kind="ppl", metrics={"ppl": "high"})
     with pytest.raises(ValueError, match=r"task cell 't1': ppl='high' is not a number"):

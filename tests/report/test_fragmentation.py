@@ -28,7 +28,7 @@ def test_rows_group_by_configuration_and_level_relative_to_16():
         cell("bf16", "frag@bs64", 64, 110.0, 0.012, 8000, 3200, 0.16),
         cell("int8", "frag@bs8", 8, 50.0, 0.040, 500, 200, 0.02, record_size=False),
         cell("int8", "frag@bs32", 32, 80.0, 0.030, 2000, 900, 0.08,
-             tput_key="output_tokens_per_s"),                          # the older name
+             tput_key="output_tokens_per_s"),                 # the writers' own name
         cell("bf16", "plain", 16, 1.0, 0.1, 1, 1, 0.5),                 # no sweep: no row
         cell("bf16", "frag@bs32", 32, 1.0, 0.1, 1, 1, 0.5, status="failed"),
     ]

@@ -87,3 +87,16 @@ def test_a_bare_tbt_key_is_read_per_request_at_every_level(tmp_path):
     assert top.measured["tbt_s"] == pytest.approx(0.085)
     assert top.measured_ci["tbt_s"] == pytest.approx((0.085, 0.085))
     assert int8.capacity.status == "top"
+
+
+def test_the_table_shows_goodput_on_the_headline_level_of_a_sweep(sweep_run):
+    """The headline level's row is found by identity with the summary's metrics: one view
+    per cell, so the top level that ran shows the configuration's goodput."""
+    from kvmap.report.table import metric_rows
+    a = analyze(load_run(sweep_run))
+    headers, rows = metric_rows(a.configs)
+    col = headers.index("goodput tok/s") - 1            # cells start after "config"
+    int8 = next(c for c in a.configs if c.name == "int8")
+    assert int8.goodput_tok_s is not None
+    mine = [r.cells for r in rows if r.config == "int8"]
+    assert [r[col] for r in mine] == ["-", "-", f"{int8.goodput_tok_s:.1f}"]

@@ -144,12 +144,14 @@ def _workloads(s: ConfigSummary, group: list[CellRecord],
                swept: set[str], seed: int) -> dict[str, list[dict[str, Any]]]:
     """Fill the workload figures; returns the rows that count for the SLA per workload."""
     ok = [c for c in group if c.status == "ok"]
+    # one view per cell: the table finds the headline level's row by identity (``is``)
+    views = {c.cell_id: c.workload_metrics for c in ok if c.workload}
     # a swept workload keeps its top level that ran; a searched one its saturated run, the
     # one load every configuration of the search shares (its serial run is not a point;
     # its open-loop levels are at rates of its own: report/capacity.py)
     for c in sorted([c for c in ok if search_role(c) != "serial"], key=_headline_order):
         if c.workload:
-            m = s.workloads[c.workload] = c.workload_metrics
+            m = s.workloads[c.workload] = views[c.cell_id]
             s.rows[c.workload] = rows_by_cell.get(c.cell_id, [])
             if m.tiers:
                 s.tiers[c.workload] = m.tiers
@@ -161,8 +163,7 @@ def _workloads(s: ConfigSummary, group: list[CellRecord],
         searched = search_capacity(cells)       # arrival: auto (report/capacity.py)
         cells = level_cells(cells)
         s.curves[w] = points = L.load_points(cells, rows_by_cell, slo, seed)
-        by_id = {c.cell_id: c for c in cells}
-        s.levels[w] = [Level(p.label, by_id[p.cell_id].workload_metrics if p.ok else None,
+        s.levels[w] = [Level(p.label, views[p.cell_id] if p.ok else None,
                              rows_by_cell.get(p.cell_id, [])) for p in points]
         cap = searched or L.sla_capacity(points, slo)
         if w == s.primary_workload:
@@ -175,8 +176,8 @@ def _workloads(s: ConfigSummary, group: list[CellRecord],
                       else ran[0] if cap.status == "below" else ran[-1])
             for_slo[w] = rows_by_cell.get(chosen.cell_id, [])
     primary_cells = [c for c in ok if c.workload and c.workload == s.primary_workload]
-    if primary_cells and all(idle_parts(s.kv, c.workload_metrics) for c in primary_cells):
-        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, c.workload_metrics))
+    if primary_cells and all(idle_parts(s.kv, views[c.cell_id]) for c in primary_cells):
+        s.idle = sorted(set.intersection(*(set(idle_parts(s.kv, views[c.cell_id]))
                                            for c in primary_cells)))
     return for_slo
 

@@ -126,8 +126,9 @@ def load_points(cells: list[CellRecord], rows_by_cell: dict[str, list[dict[str, 
     out = []
     for c in sorted(cells, key=load_value):
         load, value = load_of(c) or LoadLevel(), load_value(c)
-        common: dict[str, Any] = dict(label=str(load.label or value), kind=str(load.kind or ""),
-                                      value=value, cell_id=c.cell_id)
+        common: dict[str, Any] = dict(label=str(load.label or load.value),
+                                      kind=str(load.kind or ""), value=value,
+                                      cell_id=c.cell_id)
         if c.status != "ok":
             out.append(LoadPoint(**common, ok=False))
             continue

@@ -92,7 +92,8 @@ def task_result(cell: CellRecord, baseline: CellRecord | None, seed: int = 0) ->
     name, kind = cell.task or "", cell.task_kind or "other"
     if not cell.ok:
         return TaskResult(name, "other", failed=True)
-    m = cell.task_metrics
+    # only a headline kind's metrics are read (another kind is judged by its samples)
+    m = cell.task_metrics if kind in ("ppl", "accuracy") else None
     mine = S.per_sample(cell)
     theirs = S.per_sample(baseline) if baseline is not None and baseline is not cell \
         and baseline.ok else []

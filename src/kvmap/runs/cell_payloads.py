@@ -4,8 +4,8 @@ preflight's estimate of the cell beside its actual wall time: ``bench.estimate``
 ``Prediction`` (the simulator's prediction of a workload cell: ``plan.sim.predict``, with
 the ``PredictedMetrics``, ``Roofline`` and the GPU beside). Read by ``CellRecord``'s
 ``cell_env``, ``cell_estimate`` and ``cell_prediction``; ``EndpointInfo``: the server an
-endpoint cell measured (its ``metrics.endpoint``, a workload's or a task's); a value of the wrong kind is a
-``ValueError`` naming the cell and the key (``runs.payload.view``).
+endpoint cell measured (its ``metrics.endpoint``, a workload's or a task's); a value of
+the wrong kind is a ``ValueError`` naming the cell and the key (``runs.payload.view``).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class PredictedMetrics:
 
     @classmethod
     def read(cls, data: Any) -> PredictedMetrics:
-        return view(cls, data, "predicted metrics")
+        return view(cls, data, "")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Roofline:
 
     @classmethod
     def read(cls, data: Any) -> Roofline:
-        return view(cls, data, "a prediction's roofline")
+        return view(cls, data, "")
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class GpuPrediction:
 
     @classmethod
     def read(cls, data: Any) -> GpuPrediction:
-        return view(cls, data, "a prediction's GPU", nested={"metrics": PredictedMetrics.read})
+        return view(cls, data, "", nested={"metrics": PredictedMetrics.read})
 
 
 @dataclass(frozen=True)

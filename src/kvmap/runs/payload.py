@@ -2,7 +2,8 @@
 into a frozen dataclass whose fields all default (a record written by an older kvmap lacks
 keys a newer one writes), keeps the keys the class does not name in its ``extra`` (a newer
 writer's), renames a legacy key to its current name, and refuses a value of the wrong
-kind with a ``ValueError`` naming the payload, the key and the value.
+kind with a ``ValueError`` naming the payload, the key and the value. A JSON null on a
+field that is never None (a nested view, a list) keeps the field's default.
 
 The checked kinds are read from the field's annotation: ``int | None`` and ``float |
 None`` take any JSON number (a count is not refused for a fraction), ``bool | None``,
@@ -42,20 +43,26 @@ def view(cls: type[T], data: Mapping[str, Any] | None, where: str,
          nested: Mapping[str, Converter] | None = None,
          renamed: Mapping[str, str] | None = None) -> T:
     """``data`` read into ``cls`` (see the module docstring); ``where`` names the payload
-    in an error (``"metrics of cell abc"``); ``renamed``: legacy key -> current field,
-    used only where the current key is absent."""
+    in an error (``"metrics of cell abc"``; "" for a nested one, named by its key);
+    ``renamed``: legacy key -> current field, used only where the current key is absent."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ValueError(f"{where} is a JSON object, not {type(data).__name__} ({data!r:.80})")
+        raise ValueError(f"{where} is not a JSON object (a {type(data).__name__}: "
+                         f"{data!r:.80})".lstrip())
     nested = nested or {}
     known = {f.name: str(f.type) for f in fields(cls)}     # type: ignore[arg-type]
+    # a field that is never None (a nested view, a list): a JSON null keeps its default
+    never_none = {f.name for f in fields(cls)                # type: ignore[arg-type]
+                  if not str(f.type).endswith("None") and str(f.type) != "Any"}
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():
         name = key if key in known else (renamed or {}).get(key)
         if name is None or name == "extra" or (name != key and name in data):
             extra[key] = value
+            continue
+        if value is None and name in never_none:
             continue
         if name in nested and value is not None:
             try:
@@ -65,7 +72,7 @@ def view(cls: type[T], data: Mapping[str, Any] | None, where: str,
             continue
         problem = _kind_problem(known[name], value)
         if problem:
-            raise ValueError(f"{where}: {key}={value!r:.80} {problem}")
+            raise ValueError((f"{where}: " if where else "") + f"{key}={value!r:.80} {problem}")
         values[name] = value
     if "extra" in known:
         values["extra"] = extra

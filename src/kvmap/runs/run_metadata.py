@@ -75,7 +75,7 @@ class RunMetadata:
     @classmethod
     def read(cls, data: Any, where: str = "run.json") -> RunMetadata:
         return view(cls, data, where, nested={"replan": lambda d: view(
-            Replan, d, "replan", nested={"replans": _listed})})
+            Replan, d, "", nested={"replans": _listed}) if d else None})
 
     @property
     def budget_plan(self) -> BudgetPlan | None:
@@ -83,5 +83,5 @@ class RunMetadata:
         plan = (self.preflight or {}).get("budget")
         if not plan:
             return None
-        return view(BudgetPlan, plan, "the preflight's budget plan",
+        return view(BudgetPlan, plan, "run.json, preflight.budget",
                     nested={"cuts": _listed, "left_out": _listed})

@@ -89,6 +89,6 @@ def read_searches(run_dir: str | Path) -> dict[str, SearchEntry]:
         raise ValueError(f"{str(path)!r} is a JSON object of searches, not "
                          f"{type(data).__name__}")
     return {str(key): view(SearchEntry, entry, f"{path.name}[{key!r}]",
-                           nested={"result": lambda d: view(SearchSummary, d, "result"),
+                           nested={"result": lambda d: view(SearchSummary, d, ""),
                                    "probes": _probes})
             for key, entry in data.items()}

@@ -60,10 +60,10 @@ class PplMetrics(TaskMetrics):
     ppl_definition: str | None = None
     ppl_baseline: float | None = None
     ppl_delta_pct: float | None = None
-    delta_ppl_pct: dict[str, Any] | None = None
-    delta_nll: dict[str, Any] | None = None
+    delta_ppl_pct: Any = None              # an interval: [lo, hi] or {ci_low, ci_high}
+    delta_nll: Any = None
     ppl_delta_rel: float | None = None
-    ppl_delta_rel_ci95: list[float | None] | None = None
+    ppl_delta_rel_ci95: Any = None         # an interval, either form (``interval``)
     kl_mean: float | None = None
     kl_p99: float | None = None
     top1_agreement: float | None = None
@@ -77,13 +77,13 @@ class AccuracyMetrics(TaskMetrics):
     context length x depth), and the negative-sample rate where the task measures it."""
 
     accuracy: float | None = None
-    accuracy_ci95: list[float | None] | None = None
+    accuracy_ci95: Any = None              # an interval, either form
     n: int | None = None
     grid: list[dict[str, Any]] | None = None
     num_prompt_tokens: int | None = None
     num_cached_prompt_tokens: int | None = None
     negative_rate: float | None = None
-    negative_rate_ci95: list[float | None] | None = None
+    negative_rate_ci95: Any = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class GenerationMetrics(TaskMetrics):
     output_tokens_mean: float | None = None
     output_tokens_p90: float | None = None
     natural_stop_rate: float | None = None
-    natural_stop_rate_ci95: list[float | None] | None = None
+    natural_stop_rate_ci95: Any = None
     e2e_s_mean: float | None = None
     e2e_s_p90: float | None = None
 

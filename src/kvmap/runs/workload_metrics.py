@@ -27,7 +27,7 @@ class Summary:
 
     @classmethod
     def read(cls, data: Any) -> Summary:
-        return view(cls, data, "a metric's summary")
+        return view(cls, data, "")
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,11 @@ class Probes:
 
     @classmethod
     def read(cls, data: Any) -> Probes:
-        return view(cls, data, "the probes",
-                    nested={"stability": lambda d: view(Stability, d, "the stability probe"),
-                            "decode_ops": lambda d: view(DecodeOps, d, "the operator count")})
+        return view(cls, data, "",
+                    nested={"stability": lambda d: view(Stability, d, "")
+                            if d else None,        # {}: not measured, as it read before
+                            "decode_ops": lambda d: view(DecodeOps, d, "")
+                            if d else None})
 
 
 @dataclass(frozen=True)
