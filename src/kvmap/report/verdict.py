@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmap.report.noise import throughput_ci
-from kvmap.runs.cell_payloads import GpuPrediction, Roofline
+from kvmap.runs.cell_payloads import GpuPrediction, Prediction, Roofline
 from kvmap.runs.record import CellRecord
 
 CAPACITY_MARGIN = 0.10
@@ -72,15 +72,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _predicted(record: CellRecord, gpu: bool = False) -> float | None:
-    """The predicted output tokens/s of ``record`` (on the GPU beside with ``gpu``)."""
-    p = record.cell_prediction
+def _predicted(p: Prediction | None, gpu: bool = False) -> float | None:
+    """The predicted output tokens/s of prediction ``p`` (on the GPU beside with ``gpu``)."""
     metrics = (p.gpu.metrics if p.gpu else None) if gpu and p else p.metrics if p else None
     return metrics.output_tokens_per_s if metrics else None
 
 
-def _codec_share(record: CellRecord) -> float | None:
-    p = record.cell_prediction
+def _codec_share(p: Prediction | None) -> float | None:
     return p.codec_share() if p else None
 
 
@@ -113,10 +111,11 @@ def classify(speed: str, capacity: float | None) -> str:
     return "no difference" if speed == "no difference" else "undecided"
 
 
-def reasons(record: CellRecord, base: CellRecord, machine: str, kind: str,
+def reasons(prediction: Prediction | None, base_prediction: Prediction | None,
+            running: float | None, base_kv: str, machine: str, kind: str,
             capacity: float | None) -> list[str]:
-    """Why, in clauses, from the stored predictions (empty without them)."""
-    base_prediction, prediction = base.cell_prediction, record.cell_prediction
+    """Why, in clauses, from the stored predictions of a configuration and its baseline
+    (empty without them); ``running``: the configuration's most sequences at once."""
     roof = base_prediction.roofline if base_prediction else Roofline()
     out = []
     share = (prediction.bound_share if prediction else None) or {}
@@ -128,15 +127,14 @@ def reasons(record: CellRecord, base: CellRecord, machine: str, kind: str,
         out.append(f"a decode step reads {_mb(roof.weight_bytes)} of weights and at most "
                    f"{_mb(roof.kv_capacity_bytes)} of KV")
     ridge = roof.ridge_num_seqs
-    running = record.workload_metrics.concurrency_max
     if kind == "speed gain" and capacity and capacity > 1 + CAPACITY_MARGIN and ridge \
             and running and running < ridge and bound in (None, "hbm"):
         out.append(f"below {ridge} sequences each more sequence shares the read of the "
                    "weights")
-    codec, base_codec = _codec_share(record), _codec_share(base)
+    codec, base_codec = _codec_share(prediction), _codec_share(base_prediction)
     if codec is not None and base_codec is not None and codec - base_codec > CODEC_SHARE_NOTED:
         out.append(f"its codec's own operators take {codec:.0%} of the predicted time "
-                   f"({base_codec:.0%} with {base.kv})")
+                   f"({base_codec:.0%} with {base_kv})")
     return out
 
 
@@ -169,6 +167,7 @@ def verdict(record: CellRecord, base: CellRecord, rows: list[dict[str, Any]] | N
             base_rows: list[dict[str, Any]] | None = None) -> Verdict:
     """The verdict of ``record``'s configuration against ``base`` (the same workload)."""
     m, mb = record.workload_metrics, base.workload_metrics
+    p, pb = record.cell_prediction, base.cell_prediction      # each record read once
     ratio = _ratio(m.output_tokens_per_s, mb.output_tokens_per_s)
     a, b = throughput_ci(m, rows or []), throughput_ci(mb, base_rows or [])
     ci = (a[0] / b[1], a[1] / b[0]) if a and b and b[0] > 0 else None
@@ -178,12 +177,12 @@ def verdict(record: CellRecord, base: CellRecord, rows: list[dict[str, Any]] | N
     n = min(m.num_requests or 0, mb.num_requests or 0)
     capacity = (_ratio(m.concurrency_mean, mb.concurrency_mean) if on_mean else
                 _ratio(m.concurrency_max, mb.concurrency_max)) if n >= MIN_REQUESTS else None
-    predicted = _ratio(_predicted(record), _predicted(base))
+    predicted = _ratio(_predicted(p), _predicted(pb))
     speed, would_need = speed_of(ci, n)
     kind = classify(speed, capacity)
     machine_class = record.cell_env.machine_class
     machine = f"this machine ({machine_class})" if machine_class else "this machine"
-    why = reasons(record, base, machine, kind, capacity)
+    why = reasons(p, pb, m.concurrency_max, base.kv, machine, kind, capacity)
     figures = []
     if predicted is not None:
         figures.append(f"predicted {predicted:.2f}x")
@@ -194,9 +193,8 @@ def verdict(record: CellRecord, base: CellRecord, rows: list[dict[str, Any]] | N
                          would_need)
     sentence += (": " + ", and ".join(why) if why else "") + \
         ("; " + ", ".join(figures) if figures else "") + "."
-    prediction = record.cell_prediction
-    gpu = (prediction.gpu if prediction else None) or GpuPrediction()
-    gpu_ratio = _ratio(_predicted(record, gpu=True), _predicted(base, gpu=True))
+    gpu = (p.gpu if p else None) or GpuPrediction()
+    gpu_ratio = _ratio(_predicted(p, gpu=True), _predicted(pb, gpu=True))
     return Verdict(workload=record.workload or "", kv=record.kv, baseline=base.kv,
                    kind=kind, sentence=sentence, measured_ratio=ratio, measured_ci=ci,
                    predicted_ratio=predicted, concurrency_ratio=capacity,

@@ -117,6 +117,12 @@ class Prediction:
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def read(cls, data: Any, where: str) -> Prediction:
+        return view(cls, data, where,
+                    nested={"metrics": PredictedMetrics.read, "roofline": Roofline.read,
+                            "gpu": GpuPrediction.read})
+
     @property
     def why_not(self) -> str | None:
         """Why no prediction was made (None when one was)."""
@@ -160,25 +166,3 @@ class LoadLevel:
         """``serial``, ``saturated``, ``level``, ``bisect``... (None: not a probe)."""
         role = (self.search or {}).get("role")
         return None if role is None else str(role)
-
-
-def read_load(data: Any, where: str) -> LoadLevel:
-    return view(LoadLevel, data, where)
-
-
-def read_endpoint(data: Any, where: str) -> EndpointInfo:
-    return view(EndpointInfo, data, where)
-
-
-def read_env(data: Any, where: str) -> CellEnv:
-    return view(CellEnv, data, where)
-
-
-def read_estimate(data: Any, where: str) -> Estimate:
-    return view(Estimate, data, where)
-
-
-def read_prediction(data: Any, where: str) -> Prediction:
-    return view(Prediction, data, where,
-                nested={"metrics": PredictedMetrics.read, "roofline": Roofline.read,
-                        "gpu": GpuPrediction.read})

@@ -39,6 +39,20 @@ def _kind_problem(kind: str, value: Any) -> str | None:
     return None
 
 
+_FIELDS: dict[type[Any], tuple[dict[str, str], frozenset[str]]] = {}
+
+
+def _fields_of(cls: type[Any]) -> tuple[dict[str, str], frozenset[str]]:
+    """``cls``'s fields -> their annotations, and the fields that are never None (a nested
+    view, a list: a JSON null there keeps the default); read once per class."""
+    if cls not in _FIELDS:
+        found = fields(cls)
+        _FIELDS[cls] = ({f.name: str(f.type) for f in found},
+                        frozenset(f.name for f in found if not str(f.type).endswith("None")
+                                  and str(f.type) != "Any"))
+    return _FIELDS[cls]
+
+
 def view(cls: type[T], data: Mapping[str, Any] | None, where: str,
          nested: Mapping[str, Converter] | None = None,
          renamed: Mapping[str, str] | None = None) -> T:
@@ -51,10 +65,7 @@ def view(cls: type[T], data: Mapping[str, Any] | None, where: str,
         raise ValueError(f"{where} is not a JSON object (a {type(data).__name__}: "
                          f"{data!r:.80})".lstrip())
     nested = nested or {}
-    known = {f.name: str(f.type) for f in fields(cls)}     # type: ignore[arg-type]
-    # a field that is never None (a nested view, a list): a JSON null keeps its default
-    never_none = {f.name for f in fields(cls)                # type: ignore[arg-type]
-                  if not str(f.type).endswith("None") and str(f.type) != "Any"}
+    known, never_none = _fields_of(cls)
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():

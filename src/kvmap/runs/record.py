@@ -16,9 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvmap.jsonable import jsonable
-from kvmap.runs.cell_payloads import (CellEnv, EndpointInfo, Estimate, LoadLevel, Prediction,
-                                      read_endpoint, read_env, read_estimate, read_load,
-                                      read_prediction)
+from kvmap.runs.cell_payloads import CellEnv, EndpointInfo, Estimate, LoadLevel, Prediction
+from kvmap.runs.payload import view
 from kvmap.runs.task_metrics import AnyTaskMetrics, task_metrics
 from kvmap.runs.workload_metrics import WorkloadMetrics
 
@@ -123,8 +122,8 @@ class CellRecord:
     @property
     def load_level(self) -> LoadLevel | None:
         """The cell's load level typed; None for a cell of one load."""
-        return None if self.load is None else read_load(self.load,
-                                                        f"load of cell {self.cell_id!r}")
+        return None if self.load is None else view(LoadLevel, self.load,
+                                                   f"load of cell {self.cell_id!r}")
 
     @property
     def load_label(self) -> str | None:
@@ -161,24 +160,24 @@ class CellRecord:
         """The server an endpoint cell measured (``metrics.endpoint``); None for kvmap's
         own engine."""
         data = self.metrics.get("endpoint")
-        return read_endpoint(data, f"endpoint of cell {self.cell_id!r}") if data else None
+        return view(EndpointInfo, data, f"endpoint of cell {self.cell_id!r}") if data else None
 
     @property
     def cell_env(self) -> CellEnv:
         """``env`` typed (every field None for a record without one)."""
-        return read_env(self.env, f"env of cell {self.cell_id!r}")
+        return view(CellEnv, self.env, f"env of cell {self.cell_id!r}")
 
     @property
     def cell_estimate(self) -> Estimate:
         """``estimate`` typed (every field None for a record without one)."""
-        return read_estimate(self.estimate, f"estimate of cell {self.cell_id!r}")
+        return view(Estimate, self.estimate, f"estimate of cell {self.cell_id!r}")
 
     @property
     def cell_prediction(self) -> Prediction | None:
         """``prediction`` typed; None for a record without one."""
         if self.prediction is None:
             return None
-        return read_prediction(self.prediction, f"prediction of cell {self.cell_id!r}")
+        return Prediction.read(self.prediction, f"prediction of cell {self.cell_id!r}")
 
     def metric(self, *keys: str) -> Any:
         """``metrics[k1][k2]...``, or None where any level is missing."""
